@@ -1,0 +1,17 @@
+"""A tiny FoX language model on your text files (GPT-2 tokens), trainable on CPU in minutes.
+
+  python train.py --config fox_tiny_text data.train_files=a.txt,b.txt.gz data.eval_files=c.txt \
+      data.tokenizer_file=gpt2.tiktoken     # the rank file is needed only offline
+"""
+
+from lpcjax.config import DataConfig, ExperimentConfig, TrainConfig
+from lpcjax.models import FoXConfig
+
+
+def get_config():
+  model = FoXConfig(vocab_size=50257, d_model=128, num_layers=4, num_heads=4, mlp_multiple_of=64,
+                    tie_embeddings=True)
+  data = DataConfig(kind="text", seq_len=512, batch_size=8)
+  train = TrainConfig(steps=2000, learning_rate=2e-3, warmup_steps=100, log_every=25,
+                      eval_every=500, eval_batches=8)
+  return ExperimentConfig(model=model, data=data, train=train, name="fox_tiny_text")

@@ -1,0 +1,10 @@
+"""lpcjax.kernels: forgetting attention (reference, blockwise XLA, and GPU kernels when present).
+
+This folder is installed as ``lpcjax.kernels`` (see pyproject.toml); import it by that name.
+"""
+
+from .api import BlockSizes, available_impls, forgetting_attention, register_backend
+from .reference import reference_attention
+
+__all__ = ["BlockSizes", "available_impls", "forgetting_attention", "register_backend",
+           "reference_attention"]

@@ -1,0 +1,197 @@
+"""Blockwise forgetting attention in plain JAX: O(T) memory on any backend.
+
+FlashAttention-2 style. The forward pass walks query blocks; for each one it streams the key
+blocks left of (and on) the causal diagonal with an online softmax in float32, and keeps only
+the output and the per-row log-normalizer ``lse``. The backward pass (a ``jax.custom_vjp``)
+recomputes each tile's probabilities from ``lse`` in two sweeps, never holding a [T, T] array:
+
+* a query-block sweep for dq;
+* a key-block sweep for dk, dv and dc_j = -sum_i dS_ij (the column sums of dS). The row sums
+  sum_j dS_ij vanish exactly (sum_j P_ij dP_ij = delta_i), so they are not computed.
+
+Then d log_fgate = reverse cumsum of dc, because c_t = sum_{u <= t} log f_u.
+
+The decay bias c_i - c_j is formed per tile from the float32 cumsum, so no large constant is
+ever subtracted globally.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def _round_up(x, multiple):
+  return (x + multiple - 1) // multiple * multiple
+
+
+def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scale):
+  """Logits of one [block_q, block_k] tile, -inf where masked. Shapes [B, H, bq, bk]."""
+  s = jnp.einsum("bhqd,bhkd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32) * sm_scale
+  s = s + c_q[..., :, None] - c_k[..., None, :]
+  q_pos = q_start + jnp.arange(q_blk.shape[2])
+  k_pos = k_start + jnp.arange(k_blk.shape[2])
+  causal = q_pos[:, None] >= k_pos[None, :]
+  same_segment = seg_q[..., :, None] == seg_k[..., None, :]
+  return jnp.where(causal & same_segment, s, -jnp.inf)
+
+
+def _slice(x, start, size, axis):
+  return lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+
+
+def _split_blocks(x, block, axis):
+  """[..., T, ...] -> [T // block, ..., block, ...] with the block index leading."""
+  shape = x.shape[:axis] + (x.shape[axis] // block, block) + x.shape[axis + 1:]
+  return jnp.moveaxis(x.reshape(shape), axis, 0)
+
+
+def _merge_blocks(x, axis):
+  """Inverse of _split_blocks."""
+  x = jnp.moveaxis(x, 0, axis)
+  return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
+
+
+def _forward(q, k, v, c, seg, sm_scale, bq, bk):
+  """q, k, v: [B, H, T, D]; c, seg: [B, H, T]. Returns o [B, H, T, D], lse [B, H, T]."""
+  batch, heads, seq_len, head_dim = q.shape
+
+  def one_query_block(args):
+    i, q_blk, c_q, seg_q = args
+    q_start = i * bq
+    num_k_blocks = (q_start + bq + bk - 1) // bk  # causal: skip blocks right of the diagonal
+
+    def body(j, carry):
+      m, l, acc = carry
+      k_start = j * bk
+      s = _tile_logits(q_blk, _slice(k, k_start, bk, 2), c_q, _slice(c, k_start, bk, 2),
+                       seg_q, _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale)
+      m_new = jnp.maximum(m, s.max(axis=-1))
+      m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows masked so far stay at zero
+      p = jnp.exp(s - m_safe[..., None])
+      alpha = jnp.exp(m - m_safe)
+      l = alpha * l + p.sum(axis=-1)
+      pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), _slice(v, k_start, bk, 2),
+                      preferred_element_type=jnp.float32)
+      return m_new, l, alpha[..., None] * acc + pv
+
+    init = (jnp.full((batch, heads, bq), -jnp.inf, jnp.float32),
+            jnp.zeros((batch, heads, bq), jnp.float32),
+            jnp.zeros((batch, heads, bq, head_dim), jnp.float32))
+    m, l, acc = lax.fori_loop(0, num_k_blocks, body, init)
+    # Every real row attends at least to itself, so l >= 1 there.
+    return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)
+
+  blocks = (jnp.arange(seq_len // bq), _split_blocks(q, bq, 2), _split_blocks(c, bq, 2),
+            _split_blocks(seg, bq, 2))
+  o, lse = lax.map(one_query_block, blocks)
+  return _merge_blocks(o, 2), _merge_blocks(lse, 2)
+
+
+def _backward_dq(q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk):
+  seq_len = q.shape[2]
+
+  def one_query_block(args):
+    i, q_blk, c_q, seg_q, do_blk, lse_blk, delta_blk = args
+    q_start = i * bq
+
+    def body(j, dq):
+      k_start = j * bk
+      k_blk, v_blk = _slice(k, k_start, bk, 2), _slice(v, k_start, bk, 2)
+      s = _tile_logits(q_blk, k_blk, c_q, _slice(c, k_start, bk, 2), seg_q,
+                       _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale)
+      p = jnp.exp(s - lse_blk[..., None])
+      dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, v_blk, preferred_element_type=jnp.float32)
+      ds = p * (dp - delta_blk[..., None])
+      return dq + jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_blk,
+                             preferred_element_type=jnp.float32)
+
+    num_k_blocks = (q_start + bq + bk - 1) // bk
+    dq = lax.fori_loop(0, num_k_blocks, body, jnp.zeros(q_blk.shape, jnp.float32))
+    return (dq * sm_scale).astype(q.dtype)
+
+  blocks = (jnp.arange(seq_len // bq),) + tuple(
+      _split_blocks(x, bq, 2) for x in (q, c, seg, do, lse, delta))
+  return _merge_blocks(lax.map(one_query_block, blocks), 2)
+
+
+def _backward_dkv(q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk):
+  seq_len = q.shape[2]
+
+  def one_key_block(args):
+    j, k_blk, v_blk, c_k, seg_k = args
+    k_start = j * bk
+
+    def body(i, carry):
+      dk, dv, dc = carry
+      q_start = i * bq
+      q_blk, do_blk = _slice(q, q_start, bq, 2), _slice(do, q_start, bq, 2)
+      s = _tile_logits(q_blk, k_blk, _slice(c, q_start, bq, 2), c_k,
+                       _slice(seg, q_start, bq, 2), seg_k, q_start, k_start, sm_scale)
+      p = jnp.exp(s - _slice(lse, q_start, bq, 2)[..., None])
+      dv = dv + jnp.einsum("bhqk,bhqd->bhkd", p.astype(do.dtype), do_blk,
+                           preferred_element_type=jnp.float32)
+      dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, v_blk, preferred_element_type=jnp.float32)
+      ds = p * (dp - _slice(delta, q_start, bq, 2)[..., None])
+      dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_blk,
+                           preferred_element_type=jnp.float32)
+      return dk, dv, dc - ds.sum(axis=-2)
+
+    first_q_block = k_start // bq  # causal: query blocks above the diagonal see nothing here
+    zeros = jnp.zeros(k_blk.shape, jnp.float32)
+    dk, dv, dc = lax.fori_loop(first_q_block, seq_len // bq, body,
+                               (zeros, zeros, jnp.zeros(c_k.shape, jnp.float32)))
+    return (dk * sm_scale).astype(k.dtype), dv.astype(v.dtype), dc
+
+  blocks = (jnp.arange(seq_len // bk), _split_blocks(k, bk, 2), _split_blocks(v, bk, 2),
+            _split_blocks(c, bk, 2), _split_blocks(seg, bk, 2))
+  dk, dv, dc = lax.map(one_key_block, blocks)
+  return _merge_blocks(dk, 2), _merge_blocks(dv, 2), _merge_blocks(dc, 2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _blockwise(q, k, v, log_fgate, seg, sm_scale, bq, bk):
+  return _blockwise_fwd(q, k, v, log_fgate, seg, sm_scale, bq, bk)[0]
+
+
+def _blockwise_fwd(q, k, v, log_fgate, seg, sm_scale, bq, bk):
+  c = jnp.cumsum(log_fgate, axis=-1)
+  o, lse = _forward(q, k, v, c, seg, sm_scale, bq, bk)
+  return o, (q, k, v, log_fgate, seg, o, lse)
+
+
+def _blockwise_bwd(sm_scale, bq, bk, residuals, do):
+  q, k, v, log_fgate, seg, o, lse = residuals
+  c = jnp.cumsum(log_fgate, axis=-1)
+  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+  args = (q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk)
+  dq = _backward_dq(*args)
+  dk, dv, dc = _backward_dkv(*args)
+  d_log_fgate = lax.cumsum(dc, axis=dc.ndim - 1, reverse=True)
+  return dq, dk, dv, d_log_fgate, None
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+
+
+def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes, interpret=False):
+  """Blockwise backend. Layouts as in ``forgetting_attention``; pads T up to the block size."""
+  del interpret  # plain JAX: nothing to interpret
+  seq_len = q.shape[1]
+  # Small inputs use one block rounded up to a multiple of 8 rather than a mostly-padded tile.
+  bq = min(block_sizes.block_q, _round_up(seq_len, 8))
+  bk = min(block_sizes.block_k, _round_up(seq_len, 8))
+  padded_len = _round_up(seq_len, max(bq, bk))
+  if padded_len % bq or padded_len % bk:
+    raise ValueError(f"forgetting_attention: block_q={bq} and block_k={bk} must divide each other")
+  pad = padded_len - seq_len
+
+  def to_heads_major(x):  # [B, T, H, ...] -> [B, H, T_padded, ...]
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.swapaxes(x, 1, 2)
+
+  # Padded keys lie right of every real query, so the causal mask already hides them.
+  o = _blockwise(to_heads_major(q), to_heads_major(k), to_heads_major(v),
+                 to_heads_major(log_fgate), to_heads_major(segment_ids), float(sm_scale), bq, bk)
+  return jnp.swapaxes(o, 1, 2)[:, :seq_len]

@@ -1,0 +1,2 @@
+class DataError(ValueError):
+  """Data that cannot be used as configured: a missing file, too few tokens, a bad tokenizer."""

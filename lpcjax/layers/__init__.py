@@ -1,0 +1,10 @@
+"""Reusable Flax Linen layers. Each takes one config object (see each class's docstring)."""
+
+from .attention import ForgettingAttention, KVShift
+from .common import RMSNorm
+from .forget_gate import ForgetGate, geometric_timescales, timescale_bias
+from .mlp import SwiGLU, swiglu_hidden_size
+from .rope import apply_rope, segment_positions
+
+__all__ = ["ForgettingAttention", "KVShift", "RMSNorm", "ForgetGate", "geometric_timescales",
+           "timescale_bias", "SwiGLU", "swiglu_hidden_size", "apply_rope", "segment_positions"]

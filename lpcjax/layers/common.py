@@ -1,0 +1,41 @@
+"""Small shared pieces: dtype names, initializers with logical axis names, RMSNorm."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_of(name):
+  return DTYPES[name]
+
+
+def normal_init(std, axes):
+  """Normal(0, std) initializer whose param carries logical axis names for sharding."""
+  return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
+
+
+def constant_init(value, axes):
+  return nn.with_logical_partitioning(nn.initializers.constant(value), axes)
+
+
+class RMSNorm(nn.Module):
+  """x / rms(x) * scale over the last axis, computed in float32, returned in ``dtype``.
+
+  ``scale_shape`` defaults to the last axis; give e.g. (heads, head_dim) for per-head scales.
+  """
+
+  eps: float = 1e-6
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+  scale_axes: tuple = ("embed",)
+  scale_shape: tuple | None = None
+
+  @nn.compact
+  def __call__(self, x):
+    shape = self.scale_shape or (x.shape[-1],)
+    scale = self.param("scale", constant_init(1.0, self.scale_axes), shape, self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (x32 * scale.astype(jnp.float32)).astype(self.dtype)

@@ -1,0 +1,33 @@
+"""The ``fox`` family: the Forgetting Transformer (LLaMA or Pro blocks + Forgetting Attention)."""
+
+import dataclasses
+
+from lpcjax.config import require, require_choice
+from lpcjax.layers.forget_gate import GATE_VARIANTS
+
+from .decoder import DecoderLM
+from .registry import Family, register
+from .transformer import TransformerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class FoXConfig(TransformerConfig):
+  """TransformerConfig plus the forget gate. No positional embedding by default (the paper's
+  FoX); ``use_rope=True`` adds RoPE. ``gate_t_min``/``gate_t_max`` set the T(b) geometric bias
+  init of the data-independent and fixed gates (see lpcjax.layers.forget_gate)."""
+
+  family = "fox"
+  forget_gate: str = "data_dependent"
+  use_rope: bool = False
+  gate_t_min: float = 2.0
+  gate_t_max: float = 128.0
+
+  def __post_init__(self):
+    super().__post_init__()
+    require_choice(self.forget_gate, "model.forget_gate", set(GATE_VARIANTS[1:]))
+    require(0 < self.gate_t_min <= self.gate_t_max, "model.gate_t_min",
+            f"need 0 < gate_t_min <= gate_t_max, got ({self.gate_t_min}, {self.gate_t_max})")
+
+
+register(Family("fox", FoXConfig, DecoderLM,
+                "Forgetting Transformer: softmax attention with a data-dependent forget gate"))

@@ -1,0 +1,23 @@
+import os
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data():
+  """../shared/data beside the checkout; tests that need it skip in a user's fresh clone."""
+  if not SHARED_DATA.is_dir():
+    pytest.skip("../shared/data is not present")
+  return SHARED_DATA
+
+
+@pytest.fixture
+def repo_root():
+  return REPO
+
+
+os.environ.setdefault("TQDM_DISABLE", "1")

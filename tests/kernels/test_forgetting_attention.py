@@ -1,0 +1,209 @@
+"""Every backend against the materialized reference, and the reference against float64 numpy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.experimental import checkify
+
+from lpcjax.kernels import BlockSizes, available_impls, forgetting_attention
+
+BACKENDS = [impl for impl in available_impls() if impl not in ("auto", "reference")
+            and (impl != "triton")]  # triton (if registered) runs only on GPU
+INTERPRET = {"pallas": True}
+
+
+def make_inputs(seed, batch, seq_len, heads, head_dim, gates="random", dtype=jnp.float32):
+  rng = np.random.default_rng(seed)
+  q, k, v, do = (rng.normal(size=(batch, seq_len, heads, head_dim)) for _ in range(4))
+  if gates == "random":
+    log_f = np.log(rng.uniform(0.3, 1.0, size=(batch, seq_len, heads)))
+  elif gates == "near_zero":  # f ~ 1e-6: almost everything forgotten at once
+    log_f = np.log(rng.uniform(1e-7, 1e-5, size=(batch, seq_len, heads)))
+  elif gates == "one":
+    log_f = np.zeros((batch, seq_len, heads))
+  else:
+    raise ValueError(gates)
+  cast = lambda x: jnp.asarray(x, dtype)
+  return cast(q), cast(k), cast(v), jnp.asarray(log_f, jnp.float32), cast(do)
+
+
+def numpy_forgetting_attention(q, k, v, log_f, segment_ids=None):
+  """Product form in float64: w_ij = exp(q_i.k_j / sqrt(D)) * prod_{j < u <= i} f_u."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  f = np.exp(np.asarray(log_f, np.float64))
+  batch, seq_len, heads, head_dim = q.shape
+  out = np.zeros_like(q)
+  for b in range(batch):
+    for h in range(heads):
+      for i in range(seq_len):
+        logits = q[b, i, h] @ k[b, :i + 1, h].T / np.sqrt(head_dim)
+        decay = np.array([np.prod(f[b, j + 1:i + 1, h]) for j in range(i + 1)])
+        if segment_ids is not None:
+          decay = decay * (np.asarray(segment_ids)[b, :i + 1] == np.asarray(segment_ids)[b, i])
+        w = np.exp(logits - logits.max()) * decay
+        out[b, i, h] = w @ v[b, :i + 1, h] / w.sum()
+  return out
+
+
+def value_and_grads(impl, q, k, v, log_f, do, **kwargs):
+  def loss(q, k, v, log_f):
+    o = forgetting_attention(q, k, v, log_f, impl=impl, interpret=INTERPRET.get(impl, False), **kwargs)
+    return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32)), o
+  (_, o), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, log_f)
+  return o, grads
+
+
+def segments_from_starts(batch, seq_len, starts):
+  ids = np.zeros((batch, seq_len), np.int32)
+  for s in starts:
+    ids[:, s:] += 1
+  return jnp.asarray(ids)
+
+
+def test_reference_matches_float64_product_form():
+  q, k, v, log_f, _ = make_inputs(0, 2, 13, 2, 8)
+  seg = segments_from_starts(2, 13, [5])
+  o = forgetting_attention(q, k, v, log_f, segment_ids=seg, impl="reference")
+  np.testing.assert_allclose(o, numpy_forgetting_attention(q, k, v, log_f, seg), atol=2e-6)
+
+
+@pytest.mark.parametrize("impl", BACKENDS)
+@settings(max_examples=18, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), seq_len=st.integers(1, 70), heads=st.integers(1, 3),
+       head_dim=st.sampled_from([8, 16, 32]), block=st.sampled_from([8, 16, 32]),
+       gates=st.sampled_from(["random", "near_zero", "one"]), num_segments=st.integers(0, 3),
+       seed=st.integers(0, 2**16))
+def test_backend_matches_reference_float32(impl, batch, seq_len, heads, head_dim, block, gates,
+                                           num_segments, seed):
+  q, k, v, log_f, do = make_inputs(seed, batch, seq_len, heads, head_dim, gates)
+  starts = np.random.default_rng(seed).integers(1, max(seq_len, 2), size=num_segments)
+  seg = segments_from_starts(batch, seq_len, starts) if num_segments else None
+  sizes = BlockSizes(block_q=block, block_k=max(8, block // 2))
+  o_ref, g_ref = value_and_grads("reference", q, k, v, log_f, do, segment_ids=seg)
+  o, g = value_and_grads(impl, q, k, v, log_f, do, segment_ids=seg, block_sizes=sizes)
+  np.testing.assert_allclose(o, o_ref, atol=1e-5, rtol=1e-5)
+  for name, a, b in zip(("dq", "dk", "dv", "dlog_fgate"), g, g_ref):
+    # d log f is a reverse cumsum over up to 70 positions: allow for the summation error.
+    np.testing.assert_allclose(a, b, atol=2e-5 if name != "dlog_fgate" else 5e-5, rtol=1e-4,
+                               err_msg=name)
+
+
+@pytest.mark.parametrize("impl", BACKENDS)
+def test_backend_bfloat16_within_documented_tolerance(impl):
+  """bf16 q/k/v: outputs within 2e-2 and gradients within 3% (relative to their max) of the
+  float32 reference on the same (rounded) inputs."""
+  q, k, v, log_f, do = make_inputs(1, 2, 100, 2, 32, dtype=jnp.bfloat16)
+  up = lambda x: x.astype(jnp.float32)
+  o_ref, g_ref = value_and_grads("reference", up(q), up(k), up(v), log_f, up(do))
+  o, g = value_and_grads(impl, q, k, v, log_f, do, block_sizes=BlockSizes(32, 32))
+  assert o.dtype == jnp.bfloat16
+  np.testing.assert_allclose(up(o), o_ref, atol=2e-2)
+  for name, a, b in zip(("dq", "dk", "dv", "dlog_fgate"), g, g_ref):
+    scale = float(jnp.max(jnp.abs(b)))
+    assert float(jnp.max(jnp.abs(up(a) - b))) <= 0.03 * scale, name
+
+
+@pytest.mark.parametrize("impl", ["reference"] + BACKENDS)
+def test_zero_log_fgate_is_causal_softmax_attention(impl):
+  q, k, v, log_f, _ = make_inputs(2, 2, 33, 3, 16, gates="one")
+  o = forgetting_attention(q, k, v, log_f, impl=impl, interpret=INTERPRET.get(impl, False),
+                           block_sizes=BlockSizes(16, 16))
+  expected = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+  np.testing.assert_allclose(o, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["reference"] + BACKENDS)
+def test_fixed_log_fgate_is_alibi(impl):
+  batch, seq_len, heads, head_dim = 1, 40, 4, 16
+  q, k, v, _, _ = make_inputs(3, batch, seq_len, heads, head_dim)
+  slopes = 2.0 ** -np.arange(1, heads + 1)
+  log_f = jnp.broadcast_to(jnp.asarray(-slopes, jnp.float32), (batch, seq_len, heads))
+  o = forgetting_attention(q, k, v, log_f, impl=impl, interpret=INTERPRET.get(impl, False),
+                           block_sizes=BlockSizes(16, 16))
+  i, j = np.arange(seq_len)[:, None], np.arange(seq_len)[None, :]
+  alibi = -(i - j)[None] * slopes[:, None, None]  # [heads, T, T]
+  logits = np.einsum("qhd,khd->hqk", np.float64(q[0]), np.float64(k[0])) / np.sqrt(head_dim) + alibi
+  logits = np.where(j <= i, logits, -np.inf)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  np.testing.assert_allclose(o[0], np.einsum("hqk,khd->qhd", p, np.float64(v[0])), atol=2e-6)
+
+
+@pytest.mark.parametrize("impl", ["reference"] + BACKENDS)
+def test_hard_cut_in_one_head(impl):
+  """log f = -inf in one head hides everything before it in that head only; gradients finite."""
+  q, k, v, log_f, do = make_inputs(4, 1, 24, 2, 8)
+  log_f = log_f.at[0, 10, 1].set(-jnp.inf)
+  o, grads = value_and_grads(impl, q, k, v, log_f, do, block_sizes=BlockSizes(8, 8))
+  np.testing.assert_allclose(o, numpy_forgetting_attention(q, k, v, log_f), atol=2e-6)
+  for g in grads:
+    assert bool(jnp.all(jnp.isfinite(g)))
+  assert float(grads[3][0, 10, 1]) == 0.0
+  # Outputs of head 1 at t >= 10 ignore everything before 10.
+  v2 = v.at[0, :10, 1].set(100.0)
+  o2 = forgetting_attention(q, k, v2, log_f, impl=impl, interpret=INTERPRET.get(impl, False),
+                            block_sizes=BlockSizes(8, 8))
+  np.testing.assert_allclose(o2[0, 10:, 1], o[0, 10:, 1], atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["reference"] + BACKENDS)
+def test_segments_equal_separate_sequences(impl):
+  q, k, v, log_f, _ = make_inputs(5, 1, 30, 2, 8)
+  seg = segments_from_starts(1, 30, [12])
+  run = lambda *xs, **kw: forgetting_attention(*xs, impl=impl, interpret=INTERPRET.get(impl, False),
+                                               block_sizes=BlockSizes(8, 8), **kw)
+  packed = run(q, k, v, log_f, segment_ids=seg)
+  first = run(q[:, :12], k[:, :12], v[:, :12], log_f[:, :12])
+  second = run(q[:, 12:], k[:, 12:], v[:, 12:], log_f[:, 12:])
+  np.testing.assert_allclose(packed, jnp.concatenate([first, second], axis=1), atol=1e-6)
+
+
+def test_bad_inputs_raise_clear_errors():
+  q, k, v, log_f, _ = make_inputs(0, 1, 8, 2, 8)
+  cases = [
+      ((q[0], k, v, log_f), {}, ValueError, "q must be"),
+      ((q, k[:, :4], v, log_f), {}, ValueError, "k shape"),
+      ((q, k.astype(jnp.bfloat16), v, log_f), {}, TypeError, "k dtype"),
+      ((q, k, v, log_f[..., 0]), {}, ValueError, "log_fgate must be"),
+      ((q, k, v, log_f.astype(jnp.bfloat16)), {}, TypeError, "float32"),
+      ((q, k, v, log_f), {"segment_ids": jnp.zeros((1, 8))}, TypeError, "integers"),
+      ((q, k, v, log_f), {"segment_ids": jnp.zeros((1, 7), jnp.int32)}, ValueError, "segment_ids"),
+      ((q, k, v, log_f), {"impl": "cuda"}, ValueError, "unknown impl"),
+  ]
+  for args, kwargs, error, text in cases:
+    with pytest.raises(error, match=text):
+      forgetting_attention(*args, **kwargs)
+  with pytest.raises(ValueError, match="power of two"):
+    BlockSizes(block_q=12)
+
+
+def test_debug_mode_checks_values():
+  q, k, v, log_f, _ = make_inputs(0, 1, 8, 2, 8)
+  bad = log_f.at[0, 3, 0].set(0.5)
+  with pytest.raises(Exception, match="log_fgate must be <= 0"):
+    forgetting_attention(q, k, v, bad, debug=True)
+  checked = jax.jit(checkify.checkify(
+      lambda *xs: forgetting_attention(*xs, debug=True), errors=checkify.user_checks))
+  assert checked(q, k, v, log_f)[0].get() is None
+  assert "q, k or v" in checked(q.at[0, 0, 0, 0].set(jnp.nan), k, v, log_f)[0].get()
+  forgetting_attention(q, k, v, log_f.at[0, 2, 1].set(-jnp.inf), debug=True)  # -inf is allowed
+
+
+def _temp_bytes(impl, seq_len):
+  shape = jax.ShapeDtypeStruct((1, seq_len, 1, 64), jnp.float32)
+  gate = jax.ShapeDtypeStruct((1, seq_len, 1), jnp.float32)
+  loss = lambda q, k, v, f: forgetting_attention(q, k, v, f, impl=impl).sum()
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+  return grad.lower(shape, shape, shape, gate).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_xla_backend_memory_is_linear_in_seq_len():
+  """Compiled temp memory of forward+backward, from XLA's memory analysis (nothing is run)."""
+  xla_4k, xla_8k = _temp_bytes("xla", 4096), _temp_bytes("xla", 8192)
+  reference_8k = _temp_bytes("reference", 8192)
+  assert xla_8k < reference_8k / 8, (xla_8k, reference_8k)
+  assert xla_8k < 2.5 * xla_4k, (xla_4k, xla_8k)  # linear, not quadratic

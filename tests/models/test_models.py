@@ -1,0 +1,109 @@
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lpcjax import models
+from lpcjax.models.paper_sizes import paper_experiment
+
+VARIANTS = [
+    ("transformer", dict(block="llama")),
+    ("transformer", dict(block="pro")),
+    ("transformer", dict(block="llama", use_rope=False)),
+    ("fox", dict(block="llama")),
+    ("fox", dict(block="pro")),
+    ("fox", dict(block="llama", use_rope=True)),
+    ("fox", dict(forget_gate="data_independent")),
+    ("fox", dict(forget_gate="fixed", scan_layers=False, remat_policy="full")),
+]
+
+
+def build(family, **kw):
+  fam = models.get(family)
+  cfg = fam.config_cls(vocab_size=50, d_model=32, num_layers=2, num_heads=4, mlp_multiple_of=32,
+                       attention_impl="xla", **kw)
+  model = fam.build(cfg)
+  tokens = jnp.zeros((2, 24), jnp.int32)
+  params = model.init(jax.random.PRNGKey(0), tokens)
+  return model, params
+
+
+@pytest.mark.parametrize("family,kw", VARIANTS)
+def test_causal(family, kw):
+  model, params = build(family, **kw)
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, 50, size=(2, 24)))
+  logits = model.apply(params, tokens)
+  assert logits.shape == (2, 24, 50) and logits.dtype == jnp.float32
+  for t in (0, 9, 22):
+    changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % 50)
+    np.testing.assert_allclose(model.apply(params, changed)[:, :t + 1], logits[:, :t + 1], atol=1e-5)
+    assert not np.allclose(model.apply(params, changed)[:, t + 1:], logits[:, t + 1:])
+
+
+@pytest.mark.parametrize("family,kw", [VARIANTS[1], VARIANTS[4]])
+def test_segments_are_independent_documents(family, kw):
+  model, params = build(family, **kw)
+  rng = np.random.default_rng(1)
+  tokens = jnp.asarray(rng.integers(0, 50, size=(1, 24)))
+  seg = jnp.asarray([[0] * 10 + [1] * 14])
+  packed = model.apply(params, tokens, segment_ids=seg)
+  alone = model.apply(params, tokens[:, 10:])
+  np.testing.assert_allclose(packed[:, 10:], alone, atol=1e-5)
+
+
+def test_every_param_has_logical_axis_names():
+  _, params = build("fox", block="pro")
+  leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
+  for leaf in leaves:
+    assert len(leaf.names) == leaf.value.ndim
+  specs = nn.get_partition_spec(params)["params"]
+  assert specs["layers"]["attn"]["q_proj"]["kernel"] == jax.sharding.PartitionSpec(
+      "layers", "embed", "heads", "head_dim")
+
+
+def test_remat_changes_nothing_numerically():
+  model, params = build("fox", block="pro")
+  fam = models.get("fox")
+  remat = fam.build(dataclasses.replace(model.config, remat_policy="full"))
+  tokens = jnp.arange(24).reshape(1, 24) % 50
+  loss = lambda m: lambda p: jnp.sum(m.apply(p, tokens) ** 2)
+  g1, g2 = jax.grad(loss(model))(params), jax.grad(loss(remat))(params)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_pro_parts_switch_individually():
+  _, params = build("fox", block="llama", qk_norm=True)
+  attn = params["params"]["layers"]["attn"]
+  assert "q_norm" in attn and "g_proj" not in attn and "k_shift" not in attn
+  _, params = build("fox", block="pro", kv_shift=False)
+  attn = params["params"]["layers"]["attn"]
+  assert "k_shift" not in attn and "g_proj" in attn and "o_norm" in attn
+
+
+def test_registry():
+  assert {"fox", "transformer"} <= set(models.names())
+  with pytest.raises(KeyError, match="unknown model family"):
+    models.get("mamba")
+  with pytest.raises(TypeError, match="needs a FoXConfig"):
+    models.get("fox").build(models.TransformerConfig())
+
+
+def _count(params, skip=("lm_head",)):
+  return sum(int(np.prod(x.shape)) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+             if not any(getattr(p, "key", None) in skip for p in path))
+
+
+@pytest.mark.parametrize("block,expected_millions", [("llama", 757), ("pro", 759)])
+def test_fox_760m_matches_paper_parameter_count(block, expected_millions):
+  """FoX paper Table 6: FoX (LLaMA) 757M and FoX (Pro) 759M parameters (without the LM head)."""
+  cfg = paper_experiment("fox", "760m", block).model
+  model = models.get("fox").build(cfg)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+  count = _count(nn.meta.unbox(shapes)) / 1e6
+  assert abs(count - expected_millions) < 2, count

@@ -1,0 +1,75 @@
+import dataclasses
+import json
+
+import pytest
+
+from lpcjax import config as C
+from lpcjax.models import FoXConfig, TransformerConfig
+
+from conftest import REPO
+
+
+def base():
+  return C.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py"))
+
+
+def test_overrides_parse_by_field_type():
+  cfg = C.apply_overrides(base(), ["model.d_model=96", "model.use_rope=true", "train.learning_rate=1e-3",
+                                   "model.head_dim=none", "data.train_files=a.txt,b.txt", "name=x"])
+  assert cfg.model.d_model == 96 and cfg.model.use_rope is True
+  assert cfg.train.learning_rate == 1e-3 and cfg.model.head_dim is None
+  assert cfg.data.train_files == ("a.txt", "b.txt") and cfg.name == "x"
+
+
+@pytest.mark.parametrize("override,field", [
+    ("model.d_modle=3", "model.d_modle: unknown key"),
+    ("optim.lr=3", "optim.lr: unknown key"),
+    ("model.d_model=wide", "model.d_model: expected int"),
+    ("model.use_rope=maybe", "model.use_rope: expected a boolean"),
+    ("model.num_heads=5", "model.num_heads: d_model=64 is not divisible"),
+    ("model.block=moe", "model.block: must be one of"),
+    ("model.forget_gate=sometimes", "model.forget_gate: must be one of"),
+    ("model.vocab_size=100", "model.vocab_size: 100 is smaller than data.mqar_vocab_size"),
+    ("data.mqar_num_pairs=100", "data.mqar_num_pairs:"),
+    ("train.warmup_steps=999999", "train.warmup_steps:"),
+    ("model.attention_impl=cuda", "model.attention_impl: must be one of"),
+    ("model.family=mamba", "unknown model family"),
+    ("just_a_word", "expected section.field=value"),
+])
+def test_bad_overrides_name_the_field(override, field):
+  with pytest.raises((C.ConfigError, KeyError), match=field):
+    C.apply_overrides(base(), [override])
+
+
+def test_switching_family_keeps_shared_fields():
+  cfg = C.apply_overrides(base(), ["model.family=transformer", "model.use_rope=false"])
+  assert isinstance(cfg.model, TransformerConfig) and not isinstance(cfg.model, FoXConfig)
+  assert cfg.model.d_model == base().model.d_model and cfg.model.use_rope is False
+  assert cfg.model.forget_gate == "none"
+
+
+def test_json_round_trip():
+  cfg = C.apply_overrides(base(), ["data.kind=text", "model.vocab_size=50257", "data.train_files=a,b"])
+  again = C.from_dict(json.loads(C.to_json(cfg)))
+  assert again == cfg
+
+
+def test_paper_configs_load(repo_root):
+  for spec in ("fox_125m", "fox_pro_360m", "transformer_760m", "transformer_pro_125m"):
+    cfg = C.load_experiment(f"paper:{spec}", str(repo_root / "configs"))
+    assert cfg.data.seq_len == 16384 and cfg.model.vocab_size == 50257
+  cfg = C.load_experiment("paper:transformer_760m", str(repo_root / "configs"))
+  assert cfg.model.resolved_head_dim == 128 and cfg.model.rope_theta == 500000.0
+  assert cfg.train.steps == 30517 and cfg.train.warmup_steps == 488
+  with pytest.raises(C.ConfigError, match="unknown"):
+    C.load_experiment("paper:fox_9b", str(repo_root / "configs"))
+
+
+def test_every_experiment_file_loads(repo_root):
+  for path in sorted((repo_root / "configs").glob("*.py")):
+    assert isinstance(C.load_experiment(str(path)), C.ExperimentConfig)
+
+
+def test_missing_config_file():
+  with pytest.raises(C.ConfigError, match="no such file"):
+    C.load_experiment("does_not_exist")

@@ -1,0 +1,47 @@
+"""Train a model of the zoo.
+
+  python train.py                                   # tiny FoX on MQAR (CPU, a few minutes)
+  python train.py --config configs/fox_tiny_text.py data.train_files=book.txt
+  python train.py --config fox_125m train.steps=20000 model.dtype=bfloat16
+
+Any config field can be overridden as section.field=value (see lpcjax/config.py).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+DEFAULT_CONFIG = "fox_tiny_mqar"
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", default=DEFAULT_CONFIG,
+                      help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
+  parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+  parser.add_argument("overrides", nargs="*", help="section.field=value")
+  args = parser.parse_args(argv)
+
+  from lpcjax import config as config_lib
+  from lpcjax.data import DataError
+  from lpcjax.training import train
+
+  try:
+    config = config_lib.load_experiment(args.config, CONFIG_DIR)
+    config = config_lib.apply_overrides(config, args.overrides)
+    if args.print_config:
+      print(config_lib.to_json(config))
+      return 0
+    run_dir, summary = train(config)
+  except (config_lib.ConfigError, DataError, FileExistsError) as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  print(json.dumps(summary, indent=2))
+  print(f"run directory: {run_dir}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -3,7 +3,8 @@
 This folder is installed as ``lpcjax.kernels`` (see pyproject.toml); import it by that name.
 """
 
-from .api import BlockSizes, available_impls, forgetting_attention, register_backend
+from .api import available_impls, forgetting_attention, register_backend
+from .block_sizes import BlockSizes
 from .reference import reference_attention
 
 __all__ = ["BlockSizes", "available_impls", "forgetting_attention", "register_backend",

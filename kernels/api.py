@@ -16,34 +16,21 @@ Every backend receives the same prepared inputs:
   document boundary.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
+from .block_sizes import BlockSizes
+from .pallas_gpu import SUPPORTED_HEAD_DIMS, pallas_attention
 from .reference import reference_attention
 from .xla_blockwise import xla_attention
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-  """Tile sizes of the blockwise backends (powers of two; one must divide the other)."""
-
-  block_q: int = 128
-  block_k: int = 128
-
-  def __post_init__(self):
-    for name in ("block_q", "block_k"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 8 or value & (value - 1):
-        raise ValueError(f"BlockSizes.{name} must be a power of two >= 8, got {value!r}")
 
 
 # name -> (function, supported head dims or None for any)
 _BACKENDS = {
     "reference": (reference_attention, None),
     "xla": (xla_attention, None),
+    "pallas": (pallas_attention, SUPPORTED_HEAD_DIMS),
 }
 
 
@@ -130,7 +117,7 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
     sm_scale: logit scale, default 1 / sqrt(head_dim).
     impl: "reference" (materialized, O(T^2), ground truth), "xla" (blockwise, O(T) memory),
       "pallas"/"triton" when registered, or "auto" (the GPU kernel on GPU, else "xla").
-    block_sizes: ``BlockSizes`` for the blockwise backends.
+    block_sizes: ``BlockSizes`` for the blockwise backends (default: each backend's own).
     interpret: run Pallas kernels in interpret mode (CPU testing).
     debug: also check values (finite q/k/v, log f <= 0). Outside ``jit`` a failure raises at once;
       under ``jit`` wrap the caller with ``jax.experimental.checkify.checkify`` to surface it.
@@ -144,8 +131,6 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
     _check_values(q, k, v, log_fgate)
   if sm_scale is None:
     sm_scale = q.shape[-1] ** -0.5
-  if block_sizes is None:
-    block_sizes = BlockSizes()
   log_fgate, ids = prepare_segments(log_fgate, segment_ids)
   fn = _BACKENDS[name][0]
   return fn(q, k, v, log_fgate, ids, sm_scale, block_sizes, interpret)

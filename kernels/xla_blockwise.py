@@ -21,9 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-
-def _round_up(x, multiple):
-  return (x + multiple - 1) // multiple * multiple
+from .block_sizes import BlockSizes, pad_seq
 
 
 def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scale):
@@ -175,23 +173,18 @@ def _blockwise_bwd(sm_scale, bq, bk, residuals, do):
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
-def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes, interpret=False):
-  """Blockwise backend. Layouts as in ``forgetting_attention``; pads T up to the block size."""
+def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False):
+  """Blockwise backend. Layouts as in ``forgetting_attention``; pads T up to the block size.
+
+  Uses ``block_q``/``block_k`` of ``block_sizes`` for every sweep (default 128).
+  """
   del interpret  # plain JAX: nothing to interpret
   seq_len = q.shape[1]
-  # Small inputs use one block rounded up to a multiple of 8 rather than a mostly-padded tile.
-  bq = min(block_sizes.block_q, _round_up(seq_len, 8))
-  bk = min(block_sizes.block_k, _round_up(seq_len, 8))
-  padded_len = _round_up(seq_len, max(bq, bk))
-  if padded_len % bq or padded_len % bk:
-    raise ValueError(f"forgetting_attention: block_q={bq} and block_k={bk} must divide each other")
-  pad = padded_len - seq_len
-
-  def to_heads_major(x):  # [B, T, H, ...] -> [B, H, T_padded, ...]
-    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-    return jnp.swapaxes(x, 1, 2)
-
+  sizes = (block_sizes or BlockSizes()).fitted(seq_len)
+  bq, bk = sizes.block_q, sizes.block_k
+  padded_len = -(-seq_len // max(bq, bk)) * max(bq, bk)
   # Padded keys lie right of every real query, so the causal mask already hides them.
-  o = _blockwise(to_heads_major(q), to_heads_major(k), to_heads_major(v),
-                 to_heads_major(log_fgate), to_heads_major(segment_ids), float(sm_scale), bq, bk)
+  heads_major = lambda x: jnp.swapaxes(pad_seq(x, padded_len), 1, 2)  # [B, H, T_padded, ...]
+  o = _blockwise(heads_major(q), heads_major(k), heads_major(v), heads_major(log_fgate),
+                 heads_major(segment_ids), float(sm_scale), bq, bk)
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]

@@ -1,0 +1,50 @@
+"""Tile sizes shared by the blockwise backends, and the padding that makes T fit them."""
+
+import dataclasses
+from typing import Optional
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """Tile sizes (powers of two >= 8). ``block_q``/``block_k`` tile the forward pass; the
+  backward kernels use their own sizes where given (``*_dkv`` for the key-block sweep, ``*_dq``
+  for the query-block sweep) and the forward ones otherwise. Sizes larger than the (padded)
+  sequence shrink to fit it."""
+
+  block_q: int = 128
+  block_k: int = 128
+  block_q_dkv: Optional[int] = None
+  block_k_dkv: Optional[int] = None
+  block_q_dq: Optional[int] = None
+  block_k_dq: Optional[int] = None
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if value is None and field.name not in ("block_q", "block_k"):
+        continue
+      if not isinstance(value, int) or value < 8 or value & (value - 1):
+        raise ValueError(f"BlockSizes.{field.name} must be a power of two >= 8, got {value!r}")
+
+  def fitted(self, seq_len, minimum=8):
+    """A copy whose sizes are at most the next power of two >= seq_len (and >= minimum), with
+    the backward sizes filled in."""
+    cap = max(minimum, 1 << max(seq_len - 1, 0).bit_length())
+    fit = lambda size: max(minimum, min(size, cap))
+    q, k = fit(self.block_q), fit(self.block_k)
+    return BlockSizes(q, k, fit(self.block_q_dkv or q), fit(self.block_k_dkv or k),
+                      fit(self.block_q_dq or q), fit(self.block_k_dq or k))
+
+  @property
+  def largest(self):
+    return max(self.block_q, self.block_k, self.block_q_dkv or 0, self.block_k_dkv or 0,
+               self.block_q_dq or 0, self.block_k_dq or 0)
+
+
+def pad_seq(x, padded_len, axis=1):
+  """Zero-pad axis ``axis`` of x up to padded_len."""
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, padded_len - x.shape[axis])
+  return jnp.pad(x, pad)

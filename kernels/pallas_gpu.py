@@ -1,0 +1,250 @@
+"""Forgetting attention as Pallas kernels that lower through Triton (NVIDIA GPUs).
+
+Same algorithm as the blockwise XLA backend, as three kernels with no [T, T] array in HBM:
+
+* forward, one program per (query block, batch, head): online softmax over the key blocks left
+  of and on the causal diagonal; writes o and the log-normalizer;
+* dK/dV/dc, one program per (key block, batch, head): sweeps the query blocks from the diagonal
+  down; dc_j = -sum_i dS_ij (column sums of dS);
+* dQ, one program per (query block, batch, head).
+
+d log_fgate is then the reverse cumsum of dc, outside the kernels. No atomics are needed.
+Logits are kept in base-2 units (scaled by log2 e) so the exponentials are exp2, which Triton
+maps to the fast hardware instruction; the decay bias c_i - c_j is formed per tile from the
+float32 cumsum c, already scaled by log2 e. q, k, v and o stay in the caller's
+[batch, seq, heads, head_dim] layout (block specs pick one head per program); the per-position
+vectors (c, segment ids, lse, delta, dc) are [batch, heads, seq].
+
+On CPU the kernels run with ``interpret=True`` (what the tests do).
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .block_sizes import BlockSizes, pad_seq
+
+try:  # the Triton compiler parameters exist only where Pallas GPU is built in
+  from jax.experimental.pallas import triton as plgpu
+except ImportError:  # pragma: no cover
+  plgpu = None
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+LOG2_E = math.log2(math.e)
+MIN_BLOCK = 16  # Triton's dot needs tiles of at least 16 x 16
+
+
+def default_block_sizes(head_dim):
+  """The official FoX kernel's H100/H200 tiles (REFERENCE.md), per head dim."""
+  if head_dim <= 64:
+    return BlockSizes(block_q=128, block_k=64, block_q_dkv=128, block_k_dkv=64,
+                      block_q_dq=128, block_k_dq=128)
+  return BlockSizes(block_q=128, block_k=128, block_q_dkv=64, block_k_dkv=64,
+                    block_q_dq=128, block_k_dq=128)
+
+
+def _compiler_params(head_dim, kernel):
+  if plgpu is None:
+    return None
+  warps = {"fwd": 8, "dkv": 4, "dq": 8}[kernel]
+  stages = {"fwd": 3 if head_dim <= 64 else 2, "dkv": 3 if head_dim <= 64 else 2,
+            "dq": 4 if head_dim <= 64 else 2}[kernel]
+  return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
+
+
+def _tile_logits2(q, k, c_q, c_k, seg_q, seg_k, q_start, k_start, scale2):
+  """Base-2 logits of one tile, -inf where masked: (scale q.k + c_i - c_j) * log2 e."""
+  s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale2 + c_q[:, None] - c_k[None, :]
+  q_pos = q_start + jnp.arange(q.shape[0])
+  k_pos = k_start + jnp.arange(k.shape[0])
+  mask = (q_pos[:, None] >= k_pos[None, :]) & (seg_q[:, None] == seg_k[None, :])
+  return jnp.where(mask, s, -jnp.inf)
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, o_ref, lse_ref, *, scale2, bq, bk):
+  q_start = pl.program_id(0) * bq
+  q = q_ref[...]
+  c_q, seg_q = c_ref[pl.ds(q_start, bq)], seg_ref[pl.ds(q_start, bq)]
+
+  def body(j, carry):
+    m, l, acc = carry
+    k_start = j * bk
+    keys = pl.ds(k_start, bk)
+    s = _tile_logits2(q, k_ref[keys, :], c_q, c_ref[keys], seg_q, seg_ref[keys], q_start, k_start, scale2)
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows fully masked so far stay at zero
+    p = jnp.exp2(s - m_safe[:, None])
+    alpha = jnp.exp2(m - m_safe)
+    v = v_ref[keys, :]
+    pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return m_new, alpha * l + p.sum(axis=-1), alpha[:, None] * acc + pv
+
+  init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
+          jnp.zeros(q.shape, jnp.float32))
+  num_k_blocks = lax.div(q_start + bq + bk - 1, bk)  # causal: nothing right of the diagonal
+  m, l, acc = lax.fori_loop(0, num_k_blocks, body, init)
+  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+  lse_ref[...] = m + jnp.log2(l)  # base 2; every real row has l >= 1
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, do_ref, lse_ref, delta_ref,
+                dk_ref, dv_ref, dc_ref, *, scale2, sm_scale, bq, bk, seq_len):
+  k_start = pl.program_id(0) * bk
+  k, v = k_ref[...], v_ref[...]
+  c_k, seg_k = c_ref[pl.ds(k_start, bk)], seg_ref[pl.ds(k_start, bk)]
+
+  def body(i, carry):
+    dk, dv, dc = carry
+    q_start = i * bq
+    rows = pl.ds(q_start, bq)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    s = _tile_logits2(q, k, c_ref[rows], c_k, seg_ref[rows], seg_k, q_start, k_start, scale2)
+    p = jnp.exp2(s - lse_ref[rows][:, None])
+    dv = dv + jnp.dot(p.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
+    dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
+    ds = p * (dp - delta_ref[rows][:, None])
+    dk = dk + jnp.dot(ds.astype(q.dtype).T, q, preferred_element_type=jnp.float32)
+    return dk, dv, dc - ds.sum(axis=0)
+
+  zeros = jnp.zeros(k.shape, jnp.float32)
+  first_q_block = lax.div(k_start, bq)  # query blocks above the diagonal see nothing here
+  dk, dv, dc = lax.fori_loop(first_q_block, seq_len // bq, body,
+                             (zeros, zeros, jnp.zeros((bk,), jnp.float32)))
+  dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+  dc_ref[...] = dc
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               scale2, sm_scale, bq, bk):
+  q_start = pl.program_id(0) * bq
+  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  c_q, seg_q = c_ref[pl.ds(q_start, bq)], seg_ref[pl.ds(q_start, bq)]
+
+  def body(j, dq):
+    k_start = j * bk
+    keys = pl.ds(k_start, bk)
+    k = k_ref[keys, :]
+    s = _tile_logits2(q, k, c_q, c_ref[keys], seg_q, seg_ref[keys], q_start, k_start, scale2)
+    p = jnp.exp2(s - lse[:, None])
+    dp = jnp.dot(do, v_ref[keys, :].T, preferred_element_type=jnp.float32)
+    ds = p * (dp - delta[:, None])
+    return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+
+  num_k_blocks = lax.div(q_start + bq + bk - 1, bk)
+  dq = lax.fori_loop(0, num_k_blocks, body, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
+
+
+# Block specs over grid (block index, batch, head).
+def _seq_block(block, head_dim):  # [B, T, H, D] -> one [block, D] tile of one head
+  return pl.BlockSpec((None, block, None, head_dim), lambda i, b, h: (b, i, h, 0))
+
+
+def _seq_full(seq_len, head_dim):  # [B, T, H, D] -> the whole sequence of one head
+  return pl.BlockSpec((None, seq_len, None, head_dim), lambda i, b, h: (b, 0, h, 0))
+
+
+def _vec_block(block):  # [B, H, T] -> [block]
+  return pl.BlockSpec((None, None, block), lambda i, b, h: (b, h, i))
+
+
+def _vec_full(seq_len):  # [B, H, T] -> [T]
+  return pl.BlockSpec((None, None, seq_len), lambda i, b, h: (b, h, 0))
+
+
+def _forward(q, k, v, c2, seg, sm_scale, sizes, interpret):
+  batch, seq_len, heads, head_dim = q.shape
+  bq, bk = sizes.block_q, sizes.block_k
+  kernel = functools.partial(_forward_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk)
+  return pl.pallas_call(
+      kernel,
+      grid=(seq_len // bq, batch, heads),
+      in_specs=[_seq_block(bq, head_dim), _seq_full(seq_len, head_dim), _seq_full(seq_len, head_dim),
+                _vec_full(seq_len), _vec_full(seq_len)],
+      out_specs=[_seq_block(bq, head_dim), _vec_block(bq)],
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
+      compiler_params=_compiler_params(head_dim, "fwd"),
+      interpret=interpret,
+      name="forgetting_attention_fwd",
+  )(q, k, v, c2, seg)
+
+
+def _backward(q, k, v, c2, seg, do, lse2, delta, sm_scale, sizes, interpret):
+  batch, seq_len, heads, head_dim = q.shape
+  full, vec = _seq_full(seq_len, head_dim), _vec_full(seq_len)
+  common = dict(scale2=sm_scale * LOG2_E, sm_scale=sm_scale)
+
+  bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
+  dk, dv, dc = pl.pallas_call(
+      functools.partial(_dkv_kernel, bq=bq, bk=bk, seq_len=seq_len, **common),
+      grid=(seq_len // bk, batch, heads),
+      in_specs=[full, _seq_block(bk, head_dim), _seq_block(bk, head_dim), vec, vec, full, vec, vec],
+      out_specs=[_seq_block(bk, head_dim), _seq_block(bk, head_dim), _vec_block(bk)],
+      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                 jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
+      compiler_params=_compiler_params(head_dim, "dkv"),
+      interpret=interpret,
+      name="forgetting_attention_dkv",
+  )(q, k, v, c2, seg, do, lse2, delta)
+
+  bq, bk = sizes.block_q_dq, sizes.block_k_dq
+  dq = pl.pallas_call(
+      functools.partial(_dq_kernel, bq=bq, bk=bk, **common),
+      grid=(seq_len // bq, batch, heads),
+      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, _seq_block(bq, head_dim),
+                _vec_block(bq), _vec_block(bq)],
+      out_specs=_seq_block(bq, head_dim),
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      compiler_params=_compiler_params(head_dim, "dq"),
+      interpret=interpret,
+      name="forgetting_attention_dq",
+  )(q, k, v, c2, seg, do, lse2, delta)
+  return dq, dk, dv, dc
+
+
+def _scaled_cumsum(log_fgate):
+  return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _pallas(q, k, v, log_fgate, seg, sm_scale, sizes, interpret):
+  return _pallas_fwd(q, k, v, log_fgate, seg, sm_scale, sizes, interpret)[0]
+
+
+def _pallas_fwd(q, k, v, log_fgate, seg, sm_scale, sizes, interpret):
+  o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, sm_scale, sizes, interpret)
+  return o, (q, k, v, log_fgate, seg, o, lse2)
+
+
+def _pallas_bwd(sm_scale, sizes, interpret, residuals, do):
+  q, k, v, log_fgate, seg, o, lse2 = residuals
+  delta = jnp.swapaxes(jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1), 1, 2)
+  dq, dk, dv, dc = _backward(q, k, v, _scaled_cumsum(log_fgate), seg, do.astype(q.dtype), lse2,
+                             delta, sm_scale, sizes, interpret)
+  return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None
+
+
+_pallas.defvjp(_pallas_fwd, _pallas_bwd)
+
+
+def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False):
+  """Pallas backend; layouts as in ``forgetting_attention``. Pads T up to the block sizes."""
+  seq_len, head_dim = q.shape[1], q.shape[-1]
+  if head_dim not in SUPPORTED_HEAD_DIMS:
+    raise ValueError(f"forgetting_attention: impl='pallas' supports head_dim in {SUPPORTED_HEAD_DIMS}, "
+                     f"got {head_dim}")
+  if not interpret and jax.default_backend() != "gpu":
+    raise ValueError("forgetting_attention: impl='pallas' needs a GPU; on CPU pass interpret=True "
+                     "(slow, for tests) or use impl='xla'")
+  sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
+  padded_len = -(-seq_len // sizes.largest) * sizes.largest
+  heads_major = lambda x: jnp.swapaxes(pad_seq(x, padded_len), 1, 2)  # [B, H, T_padded]
+  o = _pallas(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
+              heads_major(log_fgate), heads_major(segment_ids), float(sm_scale), sizes, bool(interpret))
+  return o[:, :seq_len]

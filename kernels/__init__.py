@@ -5,7 +5,9 @@ This folder is installed as ``lpcjax.kernels`` (see pyproject.toml); import it b
 
 from .api import available_impls, forgetting_attention, register_backend
 from .block_sizes import BlockSizes
+from .sharded import sharded_forgetting_attention
 from .reference import reference_attention
 
 __all__ = ["BlockSizes", "available_impls", "forgetting_attention", "register_backend",
+           "sharded_forgetting_attention",
            "reference_attention"]

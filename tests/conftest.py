@@ -1,6 +1,10 @@
 import os
 import pathlib
 
+# Eight virtual CPU devices for the multi-device tests; must be set before JAX starts.
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

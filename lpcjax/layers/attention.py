@@ -17,9 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lpcjax.kernels import forgetting_attention
+from lpcjax.kernels import forgetting_attention, sharded_forgetting_attention
+from lpcjax.sharding import attention_mesh_axes
 
-from .common import RMSNorm, dtype_of, normal_init
+from .common import Projection, RMSNorm, dtype_of, normal_init
 from .forget_gate import ForgetGate
 from .rope import apply_rope, segment_positions
 
@@ -64,9 +65,8 @@ class ForgettingAttention(nn.Module):
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
 
     def project(name):
-      return nn.DenseGeneral((heads, head_dim), use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                             kernel_init=normal_init(cfg.init_std, ("embed", "heads", "head_dim")),
-                             name=name)(x)
+      return Projection((heads, head_dim), ("embed", "heads", "head_dim"), init_std=cfg.init_std,
+                        dtype=dtype, param_dtype=param_dtype, name=name)(x)
 
     def head_norm(name, eps):
       shape = (head_dim,) if cfg.qk_norm_shared_scale else (heads, head_dim)
@@ -89,14 +89,18 @@ class ForgettingAttention(nn.Module):
       log_fgate = jnp.zeros(x.shape[:2] + (heads,), jnp.float32)
     else:
       log_fgate = ForgetGate(cfg, name="forget_gate")(x)
-    o = forgetting_attention(q, k, v, log_fgate, segment_ids=segment_ids, impl=cfg.attention_impl,
-                             debug=cfg.debug_checks)
+    options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks)
+    placement = attention_mesh_axes()
+    if placement is None:
+      o = forgetting_attention(q, k, v, log_fgate, **options)
+    else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard
+      mesh, batch_axes, head_axes = placement
+      o = sharded_forgetting_attention(q, k, v, log_fgate, mesh=mesh, batch_axes=batch_axes,
+                                       head_axes=head_axes, **options)
 
     if cfg.use_output_norm:
       o = head_norm("o_norm", 1e-6)(o)
     if cfg.use_output_gate:
       o = o * jax.nn.sigmoid(project("g_proj").astype(jnp.float32)).astype(o.dtype)
-    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=dtype,
-                           param_dtype=param_dtype,
-                           kernel_init=normal_init(cfg.init_std, ("heads", "head_dim", "embed")),
-                           name="o_proj")(o)
+    return Projection((cfg.d_model,), ("heads", "head_dim", "embed"), in_ndim=2, init_std=cfg.init_std,
+                      dtype=dtype, param_dtype=param_dtype, name="o_proj")(o)

@@ -39,3 +39,24 @@ class RMSNorm(nn.Module):
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return (x32 * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class Projection(nn.Module):
+  """x [..., *in] @ kernel [*in, *out] -> [..., *out], in = the last ``in_ndim`` axes of x.
+
+  The kernel is created in its full shape (not flattened as nn.DenseGeneral does) so that its
+  logical axis names ``axes`` (one per kernel dim) stay valid under sharding rules.
+  """
+
+  out_shape: tuple
+  axes: tuple
+  in_ndim: int = 1
+  init_std: float = 0.02
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    shape = tuple(x.shape[-self.in_ndim:]) + tuple(self.out_shape)
+    kernel = self.param("kernel", normal_init(self.init_std, self.axes), shape, self.param_dtype)
+    return jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=self.in_ndim)

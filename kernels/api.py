@@ -18,9 +18,11 @@ Every backend receives the same prepared inputs:
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import checkify
 
 from .block_sizes import BlockSizes
+from .pruning import skip_threshold
 from .pallas_gpu import SUPPORTED_HEAD_DIMS, pallas_attention
 from .reference import reference_attention
 from .xla_blockwise import xla_attention
@@ -35,7 +37,8 @@ _BACKENDS = {
 
 
 def register_backend(name, fn, head_dims=None):
-  """Add a backend. ``fn(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes, interpret)``."""
+  """Add a backend: ``fn(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes, interpret,
+  prune_threshold=None)`` on prepared inputs (see ``prepare_segments``)."""
   _BACKENDS[name] = (fn, None if head_dims is None else tuple(head_dims))
 
 
@@ -106,7 +109,7 @@ def prepare_segments(log_fgate, segment_ids):
 
 
 def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None, impl="auto",
-                         block_sizes=None, interpret=False, debug=False):
+                         block_sizes=None, interpret=False, debug=False, prune_epsilon=None):
   """Causal softmax attention with a forget gate.
 
   Args:
@@ -119,6 +122,9 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
       "pallas"/"triton" when registered, or "auto" (the GPU kernel on GPU, else "xla").
     block_sizes: ``BlockSizes`` for the blockwise backends (default: each backend's own).
     interpret: run Pallas kernels in interpret mode (CPU testing).
+    prune_epsilon: skip tiles whose decay bounds their total softmax weight per row below this
+      (``lpcjax.kernels.pruning``; e.g. e^-10). Off (None, exact) by default. Each output then
+      differs from the exact one by less than 2 * prune_epsilon * max|v|. "reference" ignores it.
     debug: also check values (finite q/k/v, log f <= 0). Outside ``jit`` a failure raises at once;
       under ``jit`` wrap the caller with ``jax.experimental.checkify.checkify`` to surface it.
 
@@ -131,6 +137,11 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
     _check_values(q, k, v, log_fgate)
   if sm_scale is None:
     sm_scale = q.shape[-1] ** -0.5
+  if prune_epsilon is not None and not 0 < prune_epsilon < 1:
+    raise ValueError(f"forgetting_attention: prune_epsilon must be in (0, 1), got {prune_epsilon}")
   log_fgate, ids = prepare_segments(log_fgate, segment_ids)
   fn = _BACKENDS[name][0]
-  return fn(q, k, v, log_fgate, ids, sm_scale, block_sizes, interpret)
+  if prune_epsilon is None or name == "reference":
+    return fn(q, k, v, log_fgate, ids, sm_scale, block_sizes, interpret)
+  threshold = lax.stop_gradient(skip_threshold(q, k, sm_scale, prune_epsilon))
+  return fn(q, k, v, log_fgate, ids, sm_scale, block_sizes, interpret, prune_threshold=threshold)

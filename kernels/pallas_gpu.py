@@ -27,6 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .block_sizes import BlockSizes, pad_seq
+from .pruning import unless_skipped
 
 try:  # the Triton compiler parameters exist only where Pallas GPU is built in
   from jax.experimental.pallas import triton as plgpu
@@ -36,6 +37,7 @@ except ImportError:  # pragma: no cover
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 LOG2_E = math.log2(math.e)
 MIN_BLOCK = 16  # Triton's dot needs tiles of at least 16 x 16
+THRESHOLD_WIDTH = 16
 
 
 def default_block_sizes(head_dim):
@@ -65,16 +67,25 @@ def _tile_logits2(q, k, c_q, c_k, seg_q, seg_k, q_start, k_start, scale2):
   return jnp.where(mask, s, -jnp.inf)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, o_ref, lse_ref, *, scale2, bq, bk):
+def _threshold(thr_ref, prune):
+  """The skip threshold of this (batch, head), base 2, or None when pruning is off."""
+  return jnp.max(thr_ref[...]) if prune else None
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref, *, scale2, bq, bk, prune):
   q_start = pl.program_id(0) * bq
   q = q_ref[...]
   c_q, seg_q = c_ref[pl.ds(q_start, bq)], seg_ref[pl.ds(q_start, bq)]
+  thr = _threshold(thr_ref, prune)
 
   def body(j, carry):
+    keys = pl.ds(j * bk, bk)
+    c_k = c_ref[keys]
+    return unless_skipped(thr, c_q, c_k, lambda carry: tile(j * bk, keys, c_k, carry), carry)
+
+  def tile(k_start, keys, c_k, carry):
     m, l, acc = carry
-    k_start = j * bk
-    keys = pl.ds(k_start, bk)
-    s = _tile_logits2(q, k_ref[keys, :], c_q, c_ref[keys], seg_q, seg_ref[keys], q_start, k_start, scale2)
+    s = _tile_logits2(q, k_ref[keys, :], c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2)
     m_new = jnp.maximum(m, s.max(axis=-1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows fully masked so far stay at zero
     p = jnp.exp2(s - m_safe[:, None])
@@ -91,18 +102,22 @@ def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, o_ref, lse_ref, *, scal
   lse_ref[...] = m + jnp.log2(l)  # base 2; every real row has l >= 1
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, do_ref, lse_ref, delta_ref,
-                dk_ref, dv_ref, dc_ref, *, scale2, sm_scale, bq, bk, seq_len):
+def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref,
+                dk_ref, dv_ref, dc_ref, *, scale2, sm_scale, bq, bk, seq_len, prune):
   k_start = pl.program_id(0) * bk
   k, v = k_ref[...], v_ref[...]
   c_k, seg_k = c_ref[pl.ds(k_start, bk)], seg_ref[pl.ds(k_start, bk)]
+  thr = _threshold(thr_ref, prune)
 
   def body(i, carry):
+    rows = pl.ds(i * bq, bq)
+    c_q = c_ref[rows]
+    return unless_skipped(thr, c_q, c_k, lambda carry: tile(i * bq, rows, c_q, carry), carry)
+
+  def tile(q_start, rows, c_q, carry):
     dk, dv, dc = carry
-    q_start = i * bq
-    rows = pl.ds(q_start, bq)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    s = _tile_logits2(q, k, c_ref[rows], c_k, seg_ref[rows], seg_k, q_start, k_start, scale2)
+    s = _tile_logits2(q, k, c_q, c_k, seg_ref[rows], seg_k, q_start, k_start, scale2)
     p = jnp.exp2(s - lse_ref[rows][:, None])
     dv = dv + jnp.dot(p.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
     dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
@@ -119,17 +134,21 @@ def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, do_ref, lse_ref, delta_ref,
   dc_ref[...] = dc
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
-               scale2, sm_scale, bq, bk):
+def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               scale2, sm_scale, bq, bk, prune):
   q_start = pl.program_id(0) * bq
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   c_q, seg_q = c_ref[pl.ds(q_start, bq)], seg_ref[pl.ds(q_start, bq)]
+  thr = _threshold(thr_ref, prune)
 
   def body(j, dq):
-    k_start = j * bk
-    keys = pl.ds(k_start, bk)
+    keys = pl.ds(j * bk, bk)
+    c_k = c_ref[keys]
+    return unless_skipped(thr, c_q, c_k, lambda dq: tile(j * bk, keys, c_k, dq), dq)
+
+  def tile(k_start, keys, c_k, dq):
     k = k_ref[keys, :]
-    s = _tile_logits2(q, k, c_q, c_ref[keys], seg_q, seg_ref[keys], q_start, k_start, scale2)
+    s = _tile_logits2(q, k, c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2)
     p = jnp.exp2(s - lse[:, None])
     dp = jnp.dot(do, v_ref[keys, :].T, preferred_element_type=jnp.float32)
     ds = p * (dp - delta[:, None])
@@ -157,54 +176,54 @@ def _vec_full(seq_len):  # [B, H, T] -> [T]
   return pl.BlockSpec((None, None, seq_len), lambda i, b, h: (b, h, 0))
 
 
-def _forward(q, k, v, c2, seg, sm_scale, sizes, interpret):
+def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, interpret, prune):
   batch, seq_len, heads, head_dim = q.shape
   bq, bk = sizes.block_q, sizes.block_k
-  kernel = functools.partial(_forward_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk)
+  kernel = functools.partial(_forward_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk, prune=prune)
   return pl.pallas_call(
       kernel,
       grid=(seq_len // bq, batch, heads),
       in_specs=[_seq_block(bq, head_dim), _seq_full(seq_len, head_dim), _seq_full(seq_len, head_dim),
-                _vec_full(seq_len), _vec_full(seq_len)],
+                _vec_full(seq_len), _vec_full(seq_len), _vec_full(THRESHOLD_WIDTH)],
       out_specs=[_seq_block(bq, head_dim), _vec_block(bq)],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
       compiler_params=_compiler_params(head_dim, "fwd"),
       interpret=interpret,
       name="forgetting_attention_fwd",
-  )(q, k, v, c2, seg)
+  )(q, k, v, c2, seg, thr2)
 
 
-def _backward(q, k, v, c2, seg, do, lse2, delta, sm_scale, sizes, interpret):
+def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret, prune):
   batch, seq_len, heads, head_dim = q.shape
-  full, vec = _seq_full(seq_len, head_dim), _vec_full(seq_len)
-  common = dict(scale2=sm_scale * LOG2_E, sm_scale=sm_scale)
+  full, vec, thr = _seq_full(seq_len, head_dim), _vec_full(seq_len), _vec_full(THRESHOLD_WIDTH)
+  common = dict(scale2=sm_scale * LOG2_E, sm_scale=sm_scale, prune=prune)
 
   bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
   dk, dv, dc = pl.pallas_call(
       functools.partial(_dkv_kernel, bq=bq, bk=bk, seq_len=seq_len, **common),
       grid=(seq_len // bk, batch, heads),
-      in_specs=[full, _seq_block(bk, head_dim), _seq_block(bk, head_dim), vec, vec, full, vec, vec],
+      in_specs=[full, _seq_block(bk, head_dim), _seq_block(bk, head_dim), vec, vec, thr, full, vec, vec],
       out_specs=[_seq_block(bk, head_dim), _seq_block(bk, head_dim), _vec_block(bk)],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
                  jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
       compiler_params=_compiler_params(head_dim, "dkv"),
       interpret=interpret,
       name="forgetting_attention_dkv",
-  )(q, k, v, c2, seg, do, lse2, delta)
+  )(q, k, v, c2, seg, thr2, do, lse2, delta)
 
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, bq=bq, bk=bk, **common),
       grid=(seq_len // bq, batch, heads),
-      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, _seq_block(bq, head_dim),
+      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, thr, _seq_block(bq, head_dim),
                 _vec_block(bq), _vec_block(bq)],
       out_specs=_seq_block(bq, head_dim),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       compiler_params=_compiler_params(head_dim, "dq"),
       interpret=interpret,
       name="forgetting_attention_dq",
-  )(q, k, v, c2, seg, do, lse2, delta)
+  )(q, k, v, c2, seg, thr2, do, lse2, delta)
   return dq, dk, dv, dc
 
 
@@ -212,29 +231,33 @@ def _scaled_cumsum(log_fgate):
   return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _pallas(q, k, v, log_fgate, seg, sm_scale, sizes, interpret):
-  return _pallas_fwd(q, k, v, log_fgate, seg, sm_scale, sizes, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _pallas(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune):
+  return _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune)[0]
 
 
-def _pallas_fwd(q, k, v, log_fgate, seg, sm_scale, sizes, interpret):
-  o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, sm_scale, sizes, interpret)
-  return o, (q, k, v, log_fgate, seg, o, lse2)
+def _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune):
+  o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, sm_scale, sizes, interpret, prune)
+  return o, (q, k, v, log_fgate, seg, thr2, o, lse2)
 
 
-def _pallas_bwd(sm_scale, sizes, interpret, residuals, do):
-  q, k, v, log_fgate, seg, o, lse2 = residuals
+def _pallas_bwd(sm_scale, sizes, interpret, prune, residuals, do):
+  q, k, v, log_fgate, seg, thr2, o, lse2 = residuals
   delta = jnp.swapaxes(jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1), 1, 2)
-  dq, dk, dv, dc = _backward(q, k, v, _scaled_cumsum(log_fgate), seg, do.astype(q.dtype), lse2,
-                             delta, sm_scale, sizes, interpret)
-  return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None
+  dq, dk, dv, dc = _backward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, do.astype(q.dtype), lse2,
+                             delta, sm_scale, sizes, interpret, prune)
+  return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None, None
 
 
 _pallas.defvjp(_pallas_fwd, _pallas_bwd)
 
 
-def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False):
-  """Pallas backend; layouts as in ``forgetting_attention``. Pads T up to the block sizes."""
+def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
+                     prune_threshold=None):
+  """Pallas backend; layouts as in ``forgetting_attention``. Pads T up to the block sizes.
+
+  ``prune_threshold`` [batch, heads] (or None) enables tile skipping (see pruning.py).
+  """
   seq_len, head_dim = q.shape[1], q.shape[-1]
   if head_dim not in SUPPORTED_HEAD_DIMS:
     raise ValueError(f"forgetting_attention: impl='pallas' supports head_dim in {SUPPORTED_HEAD_DIMS}, "
@@ -245,6 +268,11 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
   padded_len = -(-seq_len // sizes.largest) * sizes.largest
   heads_major = lambda x: jnp.swapaxes(pad_seq(x, padded_len), 1, 2)  # [B, H, T_padded]
+  prune = prune_threshold is not None
+  # The threshold travels as a [B, H, 16] row (a power-of-two block); kernels read its max.
+  threshold = prune_threshold * LOG2_E if prune else jnp.zeros(q.shape[:1] + q.shape[2:3], jnp.float32)
+  thr2 = jnp.broadcast_to(threshold[..., None], threshold.shape + (THRESHOLD_WIDTH,))
   o = _pallas(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
-              heads_major(log_fgate), heads_major(segment_ids), float(sm_scale), sizes, bool(interpret))
+              heads_major(log_fgate), heads_major(segment_ids), thr2, float(sm_scale), sizes,
+              bool(interpret), prune)
   return o[:, :seq_len]

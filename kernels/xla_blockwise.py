@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .block_sizes import BlockSizes, pad_seq
+from .pruning import unless_skipped
 
 
 def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scale):
@@ -51,7 +52,7 @@ def _merge_blocks(x, axis):
   return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
 
 
-def _forward(q, k, v, c, seg, sm_scale, bq, bk):
+def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk):
   """q, k, v: [B, H, T, D]; c, seg: [B, H, T]. Returns o [B, H, T, D], lse [B, H, T]."""
   batch, heads, seq_len, head_dim = q.shape
 
@@ -61,9 +62,13 @@ def _forward(q, k, v, c, seg, sm_scale, bq, bk):
     num_k_blocks = (q_start + bq + bk - 1) // bk  # causal: skip blocks right of the diagonal
 
     def body(j, carry):
-      m, l, acc = carry
       k_start = j * bk
-      s = _tile_logits(q_blk, _slice(k, k_start, bk, 2), c_q, _slice(c, k_start, bk, 2),
+      c_k = _slice(c, k_start, bk, 2)
+      return unless_skipped(thr, c_q, c_k, lambda carry: tile(k_start, c_k, carry), carry)
+
+    def tile(k_start, c_k, carry):
+      m, l, acc = carry
+      s = _tile_logits(q_blk, _slice(k, k_start, bk, 2), c_q, c_k,
                        seg_q, _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale)
       m_new = jnp.maximum(m, s.max(axis=-1))
       m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows masked so far stay at zero
@@ -87,7 +92,7 @@ def _forward(q, k, v, c, seg, sm_scale, bq, bk):
   return _merge_blocks(o, 2), _merge_blocks(lse, 2)
 
 
-def _backward_dq(q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk):
+def _backward_dq(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
   seq_len = q.shape[2]
 
   def one_query_block(args):
@@ -96,8 +101,12 @@ def _backward_dq(q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk):
 
     def body(j, dq):
       k_start = j * bk
+      c_k = _slice(c, k_start, bk, 2)
+      return unless_skipped(thr, c_q, c_k, lambda dq: tile(k_start, c_k, dq), dq)
+
+    def tile(k_start, c_k, dq):
       k_blk, v_blk = _slice(k, k_start, bk, 2), _slice(v, k_start, bk, 2)
-      s = _tile_logits(q_blk, k_blk, c_q, _slice(c, k_start, bk, 2), seg_q,
+      s = _tile_logits(q_blk, k_blk, c_q, c_k, seg_q,
                        _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale)
       p = jnp.exp(s - lse_blk[..., None])
       dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, v_blk, preferred_element_type=jnp.float32)
@@ -114,7 +123,7 @@ def _backward_dq(q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk):
   return _merge_blocks(lax.map(one_query_block, blocks), 2)
 
 
-def _backward_dkv(q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk):
+def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
   seq_len = q.shape[2]
 
   def one_key_block(args):
@@ -122,10 +131,14 @@ def _backward_dkv(q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk):
     k_start = j * bk
 
     def body(i, carry):
-      dk, dv, dc = carry
       q_start = i * bq
+      c_q = _slice(c, q_start, bq, 2)
+      return unless_skipped(thr, c_q, c_k, lambda carry: tile(q_start, c_q, carry), carry)
+
+    def tile(q_start, c_q, carry):
+      dk, dv, dc = carry
       q_blk, do_blk = _slice(q, q_start, bq, 2), _slice(do, q_start, bq, 2)
-      s = _tile_logits(q_blk, k_blk, _slice(c, q_start, bq, 2), c_k,
+      s = _tile_logits(q_blk, k_blk, c_q, c_k,
                        _slice(seg, q_start, bq, 2), seg_k, q_start, k_start, sm_scale)
       p = jnp.exp(s - _slice(lse, q_start, bq, 2)[..., None])
       dv = dv + jnp.einsum("bhqk,bhqd->bhkd", p.astype(do.dtype), do_blk,
@@ -148,35 +161,38 @@ def _backward_dkv(q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk):
   return _merge_blocks(dk, 2), _merge_blocks(dv, 2), _merge_blocks(dc, 2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _blockwise(q, k, v, log_fgate, seg, sm_scale, bq, bk):
-  return _blockwise_fwd(q, k, v, log_fgate, seg, sm_scale, bq, bk)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _blockwise(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk):
+  return _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk)[0]
 
 
-def _blockwise_fwd(q, k, v, log_fgate, seg, sm_scale, bq, bk):
+def _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk):
   c = jnp.cumsum(log_fgate, axis=-1)
-  o, lse = _forward(q, k, v, c, seg, sm_scale, bq, bk)
-  return o, (q, k, v, log_fgate, seg, o, lse)
+  o, lse = _forward(q, k, v, c, seg, thr, sm_scale, bq, bk)
+  return o, (q, k, v, log_fgate, seg, thr, o, lse)
 
 
 def _blockwise_bwd(sm_scale, bq, bk, residuals, do):
-  q, k, v, log_fgate, seg, o, lse = residuals
+  q, k, v, log_fgate, seg, thr, o, lse = residuals
   c = jnp.cumsum(log_fgate, axis=-1)
   delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
-  args = (q, k, v, c, seg, do, lse, delta, sm_scale, bq, bk)
+  args = (q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk)
   dq = _backward_dq(*args)
   dk, dv, dc = _backward_dkv(*args)
   d_log_fgate = lax.cumsum(dc, axis=dc.ndim - 1, reverse=True)
-  return dq, dk, dv, d_log_fgate, None
+  # The threshold only decides which tiles to skip: piecewise constant, zero gradient.
+  return dq, dk, dv, d_log_fgate, None, None
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
-def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False):
+def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
+                  prune_threshold=None):
   """Blockwise backend. Layouts as in ``forgetting_attention``; pads T up to the block size.
 
   Uses ``block_q``/``block_k`` of ``block_sizes`` for every sweep (default 128).
+  ``prune_threshold`` [batch, heads] (or None) enables tile skipping (see pruning.py).
   """
   del interpret  # plain JAX: nothing to interpret
   seq_len = q.shape[1]
@@ -186,5 +202,5 @@ def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, i
   # Padded keys lie right of every real query, so the causal mask already hides them.
   heads_major = lambda x: jnp.swapaxes(pad_seq(x, padded_len), 1, 2)  # [B, H, T_padded, ...]
   o = _blockwise(heads_major(q), heads_major(k), heads_major(v), heads_major(log_fgate),
-                 heads_major(segment_ids), float(sm_scale), bq, bk)
+                 heads_major(segment_ids), prune_threshold, float(sm_scale), bq, bk)
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]

@@ -1,0 +1,146 @@
+"""Forgetting-attention speed and memory against the other attention implementations.
+
+For each T and head dim: forward and forward+backward time (median of --iters runs after a
+warm-up), TFLOP/s with causal FLOP counts (forward 0.5 * 4 * B * H * T^2 * D, backward 2.5x
+that), and the compiled executable's memory (XLA memory analysis: temporaries + arguments +
+outputs of forward+backward). Ratios between rows come from the same run.
+
+Candidates: lpcjax pallas / xla / reference backends; ``dot_product_attention_bias``:
+jax.nn.dot_product_attention with the decay bias materialized as a [B, H, T, T] array (cuDNN
+where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal flash attention without any bias
+(the cost floor the forget gate is measured against). GPU-only candidates are skipped on CPU.
+
+  python benchmarks/attention.py                       # GPU: T = 1k..32k, D = 64, 128, bf16
+  python benchmarks/attention.py --seq-lens 256 512 --head-dims 64 --batch-tokens 1024 --dtype float32
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lpcjax.kernels import forgetting_attention
+
+REFERENCE_LIMIT_BYTES = 8 * 2**30  # the reference's [B, H, T, T] float32 logits must fit this
+
+
+def causal_flops(batch, heads, seq_len, head_dim):
+  forward = 0.5 * 4 * batch * heads * seq_len * seq_len * head_dim
+  return forward, forward * 3.5  # forward + backward (2.5x)
+
+
+def lpcjax_candidate(impl):
+  def attend(q, k, v, log_f):
+    return forgetting_attention(q, k, v, log_f, impl=impl)
+  return attend
+
+
+def dot_product_attention_bias(q, k, v, log_f):
+  c = jnp.cumsum(log_f, axis=1).transpose(0, 2, 1)  # [B, H, T]
+  bias = (c[..., :, None] - c[..., None, :]).astype(q.dtype)
+  return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True)
+
+
+def pallas_mha_nobias(q, k, v, log_f):
+  del log_f
+  from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+  return pallas_attention.mha(q, k, v, segment_ids=None, causal=True, sm_scale=q.shape[-1] ** -0.5)
+
+
+CANDIDATES = {
+    "pallas": (lpcjax_candidate("pallas"), True),
+    "xla": (lpcjax_candidate("xla"), False),
+    "reference": (lpcjax_candidate("reference"), False),
+    "dot_product_attention_bias": (dot_product_attention_bias, False),
+    "pallas_mha_nobias": (pallas_mha_nobias, True),
+}
+
+
+def time_call(fn, args, iters):
+  jax.block_until_ready(fn(*args))  # compile + warm up
+  times = []
+  for _ in range(iters):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def measure(name, batch, heads, seq_len, head_dim, dtype, iters):
+  attend, gpu_only = CANDIDATES[name]
+  if gpu_only and jax.default_backend() != "gpu":
+    return {"skipped": "needs a GPU"}
+  if name in ("reference", "dot_product_attention_bias") and 4 * batch * heads * seq_len**2 > REFERENCE_LIMIT_BYTES:
+    return {"skipped": "the materialized [T, T] array does not fit"}
+  rng = np.random.default_rng(0)
+  shape = (batch, seq_len, heads, head_dim)
+  q, k, v, do = (jnp.asarray(rng.normal(size=shape), dtype) for _ in range(4))
+  log_f = jnp.asarray(np.log(rng.uniform(0.9, 1.0, size=shape[:3])), jnp.float32)
+  forward = jax.jit(attend)
+
+  @jax.jit
+  def forward_backward(q, k, v, log_f):
+    out, vjp = jax.vjp(attend, q, k, v, log_f)
+    return out, vjp(do)
+
+  try:
+    compiled = forward_backward.lower(q, k, v, log_f).compile()
+    memory = compiled.memory_analysis()
+    fwd_s = time_call(forward, (q, k, v, log_f), iters)
+    fwd_bwd_s = time_call(forward_backward, (q, k, v, log_f), iters)
+  except Exception as error:  # a candidate that cannot run this shape is reported, not fatal
+    return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+  flops_fwd, flops_total = causal_flops(batch, heads, seq_len, head_dim)
+  return {"forward_ms": fwd_s * 1e3, "forward_backward_ms": fwd_bwd_s * 1e3,
+          "forward_tflops": flops_fwd / fwd_s / 1e12, "forward_backward_tflops": flops_total / fwd_bwd_s / 1e12,
+          "memory_bytes": int(memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes)}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
+  parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+  parser.add_argument("--batch-tokens", type=int, default=32768, help="batch = max(1, batch_tokens // T)")
+  parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim // head_dim")
+  parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+  parser.add_argument("--impls", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
+  parser.add_argument("--iters", type=int, default=10)
+  parser.add_argument("--out", default=None)
+  args = parser.parse_args()
+
+  rows = []
+  header = f"{'D':>4} {'T':>6} {'candidate':>28} {'fwd ms':>9} {'fwd TF/s':>9} {'f+b ms':>9} {'f+b TF/s':>9} {'mem MiB':>9}"
+  print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  dtype {args.dtype}")
+  print(header)
+  for head_dim in args.head_dims:
+    for seq_len in args.seq_lens:
+      batch, heads = max(1, args.batch_tokens // seq_len), max(1, args.model_dim // head_dim)
+      for name in args.impls:
+        result = measure(name, batch, heads, seq_len, head_dim, jnp.dtype(args.dtype), args.iters)
+        rows.append({"candidate": name, "batch": batch, "heads": heads, "seq_len": seq_len,
+                     "head_dim": head_dim, **result})
+        if "forward_ms" in result:
+          print(f"{head_dim:>4} {seq_len:>6} {name:>28} {result['forward_ms']:>9.2f} {result['forward_tflops']:>9.2f} "
+                f"{result['forward_backward_ms']:>9.2f} {result['forward_backward_tflops']:>9.2f} "
+                f"{result['memory_bytes'] / 2**20:>9.1f}")
+        else:
+          print(f"{head_dim:>4} {seq_len:>6} {name:>28}   {result.get('skipped') or result.get('error')}")
+
+  out = args.out or os.path.join(os.path.dirname(__file__), "results", f"attention_{jax.default_backend()}.json")
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  with open(out, "w") as f:
+    json.dump({"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+               "jax_version": jax.__version__, "python": platform.python_version(), "dtype": args.dtype,
+               "flops": "causal: forward 0.5*4*B*H*T^2*D, forward+backward 3.5x forward",
+               "rows": rows}, f, indent=2)
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -2,7 +2,8 @@
 
 Variants (FoX paper, Sec. 4.5 and App. D):
 
-* ``data_dependent`` (default): log f_t = log sigmoid(w . x_t + b), w ~ N(0, init_std), b = 0.
+* ``data_dependent`` (default): log f_t = log sigmoid(w . x_t + b), w ~ N(0, init_std), b = 0
+  (the paper's init), or b from the T(b) init below with ``gate_bias_init="timescale"``.
 * ``data_independent``: log f_t = log sigmoid(b) with a learned per-head b.
 * ``fixed``: the same with b frozen; Forgetting Attention then equals ALiBi with slope 1/T_h.
 
@@ -47,12 +48,13 @@ class ForgetGate(nn.Module):
   def __call__(self, x):
     cfg = self.config
     batch, seq_len = x.shape[:2]
+    bias_init = timescale_bias(geometric_timescales(cfg.num_heads, cfg.gate_t_min, cfg.gate_t_max))
     if cfg.forget_gate == "data_dependent":
+      bias = jnp.asarray(bias_init, jnp.float32) if cfg.gate_bias_init == "timescale" else 0.0
       logits = nn.Dense(cfg.num_heads, use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32,
                         kernel_init=normal_init(cfg.init_std, ("embed", "heads")),
-                        bias_init=constant_init(0.0, ("heads",)), name="proj")(x.astype(jnp.float32))
+                        bias_init=constant_init(bias, ("heads",)), name="proj")(x.astype(jnp.float32))
       return jax.nn.log_sigmoid(logits)
-    bias_init = timescale_bias(geometric_timescales(cfg.num_heads, cfg.gate_t_min, cfg.gate_t_max))
     if cfg.forget_gate == "data_independent":
       bias = self.param("bias", constant_init(jnp.asarray(bias_init, jnp.float32), ("heads",)),
                         (cfg.num_heads,), jnp.float32)

@@ -21,10 +21,12 @@ class FoXConfig(TransformerConfig):
   use_rope: bool = False
   gate_t_min: float = 2.0
   gate_t_max: float = 128.0
+  gate_bias_init: str = "zero"  # data-dependent gate: "zero" (paper) or "timescale" (T(b) init)
 
   def __post_init__(self):
     super().__post_init__()
     require_choice(self.forget_gate, "model.forget_gate", set(GATE_VARIANTS[1:]))
+    require_choice(self.gate_bias_init, "model.gate_bias_init", {"zero", "timescale"})
     require(0 < self.gate_t_min <= self.gate_t_max, "model.gate_t_min",
             f"need 0 < gate_t_min <= gate_t_max, got ({self.gate_t_min}, {self.gate_t_max})")
 

@@ -85,3 +85,10 @@ def test_kv_shift_matches_formula_and_resets_at_segments():
   seg = jnp.array([[0, 0, 1, 1, 1]])
   out = shift.apply(params, x, cand, seg)
   np.testing.assert_allclose(out[:, 2], (1 - alpha[:, 2]) * cand[:, 2], atol=1e-6)
+
+
+def test_data_dependent_gate_can_start_from_timescale_bias():
+  x = jnp.zeros((1, 3, 16))
+  gate = ForgetGate(tiny(gate_bias_init="timescale", gate_t_min=2.0, gate_t_max=128.0))
+  log_f = gate.apply(gate.init(jax.random.PRNGKey(0), x), x)  # x = 0: only the bias acts
+  np.testing.assert_allclose(log_f[0, 0], -1 / np.array([2, 8, 32, 128]), rtol=1e-5)

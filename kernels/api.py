@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
 
-from .block_sizes import BlockSizes
 from .pruning import skip_threshold
 from .pallas_gpu import SUPPORTED_HEAD_DIMS, pallas_attention
 from .reference import reference_attention

@@ -1,8 +1,6 @@
 """Block skipping (prune_epsilon): outputs stay within the stated bound of the exact result."""
 
-import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -2,9 +2,12 @@
 
   python train.py                                   # tiny FoX on MQAR (CPU, a few minutes)
   python train.py --config configs/fox_tiny_text.py data.train_files=book.txt
-  python train.py --config fox_125m train.steps=20000 model.dtype=bfloat16
+  python train.py --config paper:fox_125m data.kind=tokens data.train_tokens=data/train
+  python train.py --config ... train.run_name=NAME --resume     # continue NAME's latest checkpoint
 
-Any config field can be overridden as section.field=value (see lpcjax/config.py).
+Any config field can be overridden as section.field=value (see lpcjax/config.py). Several
+processes (multi-host): set LPCJAX_DISTRIBUTED=1 (or run under a launcher that sets up
+jax.distributed's environment) and start the same command on every host.
 """
 
 import argparse
@@ -21,12 +24,18 @@ def main(argv=None):
   parser.add_argument("--config", default=DEFAULT_CONFIG,
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
   parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+  parser.add_argument("--resume", action="store_true",
+                      help="continue the run directory's latest checkpoint (state and data order)")
   parser.add_argument("overrides", nargs="*", help="section.field=value")
   args = parser.parse_args(argv)
 
+  if os.environ.get("LPCJAX_DISTRIBUTED") == "1":
+    import jax
+    jax.distributed.initialize()  # coordinator, process count and id from the environment
+
   from lpcjax import config as config_lib
   from lpcjax.data import DataError
-  from lpcjax.training import train
+  from lpcjax.training import TrainingError, train
 
   try:
     config = config_lib.load_experiment(args.config, CONFIG_DIR)
@@ -34,8 +43,8 @@ def main(argv=None):
     if args.print_config:
       print(config_lib.to_json(config))
       return 0
-    run_dir, summary = train(config)
-  except (config_lib.ConfigError, DataError, FileExistsError) as error:
+    run_dir, summary = train(config, resume=args.resume)
+  except (config_lib.ConfigError, DataError, FileExistsError, TrainingError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
   print(json.dumps(summary, indent=2))

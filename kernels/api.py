@@ -84,7 +84,7 @@ def _check_shapes(q, k, v, log_fgate, segment_ids):
       raise TypeError(f"forgetting_attention: segment_ids must be integers, got {segment_ids.dtype}")
 
 
-def _check_values(q, k, v, log_fgate):
+def check_values(q, k, v, log_fgate):
   """Value checks for debug mode: raise eagerly, or record a checkify error under tracing."""
   checkify.check(jnp.all(jnp.isfinite(q)) & jnp.all(jnp.isfinite(k)) & jnp.all(jnp.isfinite(v)),
                  "forgetting_attention: q, k or v holds a NaN or an infinity")
@@ -133,7 +133,7 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
   _check_shapes(q, k, v, log_fgate, segment_ids)
   name = _resolve_impl(impl, q.shape[-1])
   if debug:
-    _check_values(q, k, v, log_fgate)
+    check_values(q, k, v, log_fgate)
   if sm_scale is None:
     sm_scale = q.shape[-1] ** -0.5
   if prune_epsilon is not None and not 0 < prune_epsilon < 1:

@@ -9,7 +9,7 @@ context parallelism): a sequence-sharded input is gathered along the sequence fi
 import jax
 from jax.sharding import PartitionSpec as P
 
-from .api import forgetting_attention
+from .api import check_values, forgetting_attention
 
 
 def sharded_forgetting_attention(q, k, v, log_fgate, *, mesh, batch_axes=None, head_axes=None,
@@ -17,6 +17,8 @@ def sharded_forgetting_attention(q, k, v, log_fgate, *, mesh, batch_axes=None, h
   """Same contract as ``forgetting_attention``; ``batch_axes``/``head_axes`` name the mesh axes
   (a name, a tuple of names, or None) that the batch and head dimensions are split over.
   ``kwargs`` go to ``forgetting_attention`` (impl, block_sizes, interpret, ...)."""
+  if kwargs.pop("debug", False):  # check the global arrays: checkify cannot see into shard_map
+    check_values(q, k, v, log_fgate)
   qkv = P(batch_axes, None, head_axes, None)
   gate = P(batch_axes, None, head_axes)
   if segment_ids is None:

@@ -37,8 +37,9 @@ def require_choice(value, field, choices):
 class DataConfig:
   """Where batches come from.
 
-  kind="mqar": multi-query associative recall, generated on the fly (no download). kind="text":
-  plain-text files (.txt or .txt.gz) tokenized with the GPT-2 tokenizer.
+  kind="mqar": multi-query associative recall, generated on the fly (no download).
+  kind="text": text files (.txt, .gz, .jsonl) tokenized in memory with the GPT-2 tokenizer.
+  kind="tokens": a token file made by ``python -m lpcjax.data.prepare`` (memmapped).
   """
 
   kind: str = "mqar"
@@ -52,9 +53,13 @@ class DataConfig:
   train_files: tuple[str, ...] = ()
   eval_files: tuple[str, ...] = ()
   tokenizer_file: Optional[str] = None  # tiktoken rank file; else $LPCJAX_TIKTOKEN_FILE; else download
+  # tokens
+  train_tokens: Optional[str] = None  # prefix of PREFIX.bin/PREFIX.json
+  eval_tokens: Optional[str] = None
+  segment_ids: bool = False  # text/tokens: give the model document boundaries inside a window
 
   def __post_init__(self):
-    require_choice(self.kind, "data.kind", {"mqar", "text"})
+    require_choice(self.kind, "data.kind", {"mqar", "text", "tokens"})
     require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
     require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
     if self.kind == "mqar":
@@ -84,6 +89,17 @@ class TrainConfig:
   eval_batches: int = 8
   run_dir: str = "runs"
   run_name: Optional[str] = None  # default: <config name>-<time>
+  checkpoint_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
+  keep_checkpoints: int = 3
+  max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
+  grad_accum_steps: int = 1  # micro-batches per step (data.batch_size is the whole step)
+  # Device mesh ("data", "fsdp", "tensor"); -1 takes all devices left over by the others.
+  mesh_data: int = -1
+  mesh_fsdp: int = 1
+  mesh_tensor: int = 1
+  # Logical-axis rules as "logical=mesh_axis[+mesh_axis]" or "logical=none"; they replace the
+  # matching entries of lpcjax.sharding.DEFAULT_RULES.
+  logical_rules: tuple[str, ...] = ()
 
   def __post_init__(self):
     require(self.steps >= 1, "train.steps", f"must be >= 1, got {self.steps}")
@@ -95,6 +111,18 @@ class TrainConfig:
     require(self.grad_clip > 0, "train.grad_clip", "must be > 0")
     require(self.log_every >= 1, "train.log_every", "must be >= 1")
     require(self.eval_every >= 0, "train.eval_every", "must be >= 0")
+    require(self.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
+    require(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+    require(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
+    require(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
+    for name in ("mesh_data", "mesh_fsdp", "mesh_tensor"):
+      value = getattr(self, name)
+      require(value == -1 or value >= 1, f"train.{name}", f"must be >= 1 or -1 (all remaining), got {value}")
+    require([self.mesh_data, self.mesh_fsdp, self.mesh_tensor].count(-1) <= 1, "train.mesh_data",
+            "at most one mesh axis can be -1")
+    for rule in self.logical_rules:
+      require(rule.count("=") == 1 and rule.split("=")[0], "train.logical_rules",
+              f"expected 'logical=mesh_axis[+mesh_axis]' or 'logical=none', got {rule!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +141,8 @@ class ExperimentConfig:
     else:
       require(self.model.vocab_size >= 50257, "model.vocab_size",
               f"GPT-2 text needs >= 50257 tokens, got {self.model.vocab_size}")
+    require(self.data.batch_size % self.train.grad_accum_steps == 0, "train.grad_accum_steps",
+            f"data.batch_size={self.data.batch_size} is not divisible by {self.train.grad_accum_steps}")
 
 
 # ----------------------------------------------------------------------------- overrides

@@ -7,6 +7,7 @@ Params and activations are annotated with logical names (``nn.with_logical_parti
 
 import flax.linen as nn
 import jax
+import numpy as np
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -42,9 +43,14 @@ def _present(axes, mesh):
   return names or None
 
 
-def attention_mesh_axes():
-  """(mesh, batch_axes, head_axes) for running attention under shard_map, or None when no mesh
-  is active or the current rules shard neither batch nor heads."""
+def _ways(axes, mesh):
+  return 1 if axes is None else int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def attention_mesh_axes(batch, heads):
+  """(mesh, batch_axes, head_axes) for running attention on [batch, ..., heads, ...] under
+  shard_map, or None when no mesh is active, the current rules shard neither batch nor heads,
+  or the sizes do not divide (e.g. the batch of 1 used at init): GSPMD handles those."""
   mesh = active_mesh()
   if mesh is None:
     return None
@@ -52,4 +58,33 @@ def attention_mesh_axes():
   batch_axes, head_axes = _present(spec[0], mesh), _present(spec[1], mesh)
   if batch_axes is None and head_axes is None:
     return None
+  if batch % _ways(batch_axes, mesh) or heads % _ways(head_axes, mesh):
+    return None
   return mesh, batch_axes, head_axes
+
+
+def rules_from_config(train_config):
+  """DEFAULT_RULES with the config's ``logical_rules`` overrides applied."""
+  rules = dict(DEFAULT_RULES)
+  for rule in train_config.logical_rules:
+    name, axes = rule.split("=")
+    rules[name] = None if axes.lower() == "none" else tuple(axes.split("+"))
+  return tuple(rules.items())
+
+
+def make_mesh(train_config, devices=None):
+  """The ("data", "fsdp", "tensor") mesh of the config; -1 takes the devices left over."""
+  devices = jax.devices() if devices is None else devices
+  shape = [train_config.mesh_data, train_config.mesh_fsdp, train_config.mesh_tensor]
+  known = 1
+  for size in shape:
+    known *= size if size != -1 else 1
+  if -1 in shape:
+    if len(devices) % known:
+      raise ValueError(f"mesh: {len(devices)} devices cannot be split into {shape} (-1 = the rest)")
+    shape[shape.index(-1)] = len(devices) // known
+  if shape[0] * shape[1] * shape[2] != len(devices):
+    raise ValueError(f"mesh: data x fsdp x tensor = {shape} needs {shape[0] * shape[1] * shape[2]} "
+                     f"devices, found {len(devices)}")
+  auto = (jax.sharding.AxisType.Auto,) * 3
+  return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=auto, devices=devices)

@@ -1,17 +1,17 @@
-"""Data sources. ``make_batches(data_config, seed, split)`` returns an object whose
-``batch(step)`` gives {inputs, targets, loss_mask} numpy arrays, deterministic in (seed, step)."""
+"""Data: the MQAR task, text and prepared token files, and the Grain pipelines over them.
+
+``make_dataset(data_config, seed, split)`` gives this process's batches as a grain.MapDataset;
+``make_iterator`` turns it into a checkpointable, prefetching iterator. Every batch is a dict of
+numpy arrays {inputs, targets, loss_mask[, segment_ids]}, [local_batch, seq_len].
+"""
 
 from .errors import DataError
-from .mqar import MQARBatches, mqar_example
-from .text import TextBatches, tokenize_files
+from .mqar import mqar_example
+from .pipeline import MQARSource, TokenWindowSource, make_dataset, make_iterator, make_source
+from .prepare import load_token_file, prepare
+from .text import tokenize_files
 from .tokenizer import TokenizerError, load_gpt2_tokenizer
 
-
-def make_batches(data_config, seed, split="train"):
-  if data_config.kind == "mqar":
-    return MQARBatches(data_config, seed, split)
-  return TextBatches(data_config, seed, split)
-
-
-__all__ = ["DataError", "MQARBatches", "TextBatches", "TokenizerError", "load_gpt2_tokenizer", "make_batches",
-           "mqar_example", "tokenize_files"]
+__all__ = ["DataError", "MQARSource", "TokenWindowSource", "TokenizerError", "load_gpt2_tokenizer",
+           "load_token_file", "make_dataset", "make_iterator", "make_source", "mqar_example",
+           "prepare", "tokenize_files"]

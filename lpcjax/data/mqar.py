@@ -33,23 +33,3 @@ def mqar_example(rng, seq_len, vocab_size, num_pairs, gap_power):
   loss_mask = np.zeros(seq_len, dtype=np.float32)
   loss_mask[query_pos] = 1.0
   return tokens, loss_mask
-
-
-class MQARBatches:
-  """Deterministic batches: batch ``step`` of split ``split`` depends only on (seed, split, step)."""
-
-  SPLITS = {"train": 0, "eval": 1}
-
-  def __init__(self, data_config, seed, split="train"):
-    self.config = data_config
-    self.seed = seed
-    self.split_id = self.SPLITS[split]
-
-  def batch(self, step):
-    cfg = self.config
-    rng = np.random.default_rng([self.seed, self.split_id, step])
-    examples = [mqar_example(rng, cfg.seq_len, cfg.mqar_vocab_size, cfg.mqar_num_pairs, cfg.mqar_gap_power)
-                for _ in range(cfg.batch_size)]
-    tokens = np.stack([t for t, _ in examples])
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-            "loss_mask": np.stack([m for _, m in examples])}

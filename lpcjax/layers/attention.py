@@ -90,7 +90,8 @@ class ForgettingAttention(nn.Module):
     else:
       log_fgate = ForgetGate(cfg, name="forget_gate")(x)
     options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks)
-    placement = attention_mesh_axes()
+    # checkify (debug_checks) cannot transform shard_map: debug runs leave attention to GSPMD.
+    placement = None if cfg.debug_checks else attention_mesh_axes(x.shape[0], heads)
     if placement is None:
       o = forgetting_attention(q, k, v, log_fgate, **options)
     else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard

@@ -1,6 +1,9 @@
 """Model families by name: ``lpcjax.models.get("fox")``."""
 
 import dataclasses
+from typing import Callable
+
+from lpcjax.losses import lm_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -10,12 +13,17 @@ class Family:
   Every language-model family shares one calling convention, so training and evaluation never
   branch on the family: ``module.apply({"params": p}, tokens, segment_ids=None)`` returns
   float32 logits [batch, seq, vocab] and position t sees only tokens <= t.
+
+  ``loss(apply_fn, params, batch) -> (scalar loss, metrics dict)`` is what training minimizes;
+  families with other objectives (auxiliary losses, contrastive pre-training, losses on part of
+  the window) supply their own.
   """
 
   name: str
   config_cls: type
   module_cls: type
   description: str = ""
+  loss: Callable = lm_loss
 
   def build(self, config):
     if not isinstance(config, self.config_cls):

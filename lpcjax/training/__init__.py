@@ -1,8 +1,10 @@
-"""Training: reusable steps (``steps``), checkpoints (``checkpoint``) and the run loop (``loop``)."""
+"""Training: reusable steps (``steps``), checkpoints (``checkpoint``) and the run (``loop``)."""
 
-from .loop import evaluate, train
-from .steps import (TrainState, create_train_state, decay_mask, eval_step, init_params, jit_steps,
-                    make_optimizer, masked_cross_entropy, train_step)
+from .checkpoint import Checkpointer, has_checkpoint
+from .loop import TrainingError, evaluate, train
+from .steps import (TrainState, create_train_state, decay_mask, eval_step, init_params, make_optimizer,
+                    state_shardings, train_step)
 
-__all__ = ["TrainState", "create_train_state", "decay_mask", "eval_step", "evaluate", "init_params",
-           "jit_steps", "make_optimizer", "masked_cross_entropy", "train", "train_step"]
+__all__ = ["Checkpointer", "TrainState", "TrainingError", "create_train_state", "decay_mask",
+           "eval_step", "evaluate", "has_checkpoint", "init_params", "make_optimizer",
+           "state_shardings", "train", "train_step"]

@@ -1,25 +1,53 @@
-"""Orbax checkpoints of the train state. The only module that imports orbax."""
+"""Orbax checkpoints: train state and data-iterator state in one step. The only module that
+imports orbax.
+
+Each save writes <run_dir>/checkpoints/<step>/ with two items: ``state`` (params, optimizer
+state, step; sharded arrays written by every process) and ``data`` (the Grain iterator state).
+Orbax writes into a temporary directory and renames it when complete, and refuses to write a
+step that exists, so a failed or interrupted run never replaces a good checkpoint.
+"""
 
 import os
 
+import grain
+import jax
 import orbax.checkpoint as ocp
 
 
-def save_state(run_dir, step, state):
-  """Write ``state`` (params, optimizer state, step) under run_dir/checkpoints/<step>.
-
-  Orbax writes into a temporary directory and renames it when complete, so an interrupted
-  save never leaves a checkpoint that looks finished.
-  """
-  with ocp.CheckpointManager(os.path.abspath(os.path.join(run_dir, "checkpoints"))) as manager:
-    manager.save(step, args=ocp.args.StandardSave(state))
-    manager.wait_until_finished()
+def checkpoint_dir(run_dir):
+  return os.path.abspath(os.path.join(run_dir, "checkpoints"))
 
 
-def restore_state(run_dir, abstract_state, step=None):
-  """Restore into the structure (and shardings) of ``abstract_state``; latest step by default."""
-  with ocp.CheckpointManager(os.path.abspath(os.path.join(run_dir, "checkpoints"))) as manager:
-    step = manager.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints")
-    return manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+def has_checkpoint(run_dir):
+  path = checkpoint_dir(run_dir)
+  return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
+
+
+class Checkpointer:
+  """Save/restore (state, data iterator) pairs; keeps the last ``keep`` steps; saves async."""
+
+  def __init__(self, run_dir, keep=3):
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
+                                           create=True)
+    self.manager = ocp.CheckpointManager(checkpoint_dir(run_dir), options=options)
+
+  def latest_step(self):
+    return self.manager.latest_step()
+
+  def save(self, step, state, data_iterator):
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iterator)),
+        force=True)
+
+  def restore(self, abstract_state, shardings, data_iterator, step=None):
+    """Restore into ``shardings`` (any mesh: Orbax reshards) and set the iterator's position."""
+    step = self.latest_step() if step is None else step
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract_state, shardings)
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), data=grain.checkpoint.CheckpointRestore(data_iterator)))
+    return restored["state"]
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()

@@ -1,33 +1,43 @@
-"""A single-device training run: data, state, steps, progress, metrics and a run directory.
+"""The training run: mesh, sharded state, Grain data, Orbax checkpoints, preemption, metrics.
 
-Run directory layout: config.json (the resolved config: enough to rebuild the model),
-metrics.jsonl (one JSON object per logged step and per evaluation), summary.json (final
-evaluation), checkpoints/<step>/ (Orbax).
+Run directory: config.json (the resolved config: enough to rebuild the model), metrics.jsonl
+(one JSON object per logged step and per evaluation), summary.json, checkpoints/<step>/ (Orbax:
+state + data iterator). The checkpoint step counts batches consumed, so a resumed run reads
+exactly the batches the uninterrupted run would have read.
+
+On SIGTERM or SIGINT the current step finishes, a checkpoint is saved and ``train`` returns
+normally (exit 0: the scheduler may restart the job with --resume). A non-finite loss or
+gradient skips the update; after ``train.max_nonfinite_steps`` of them in a row the run stops
+with an error and saves nothing, so the last good checkpoint stays the latest.
 """
 
+import contextlib
+import functools
 import json
 import os
+import signal
+import threading
 import time
 
+import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import checkify
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
 from lpcjax import config as config_lib
 from lpcjax import models
-from lpcjax.data import make_batches
+from lpcjax.data import make_dataset, make_iterator
+from lpcjax.sharding import make_mesh, rules_from_config
 
-from .checkpoint import save_state
-from .steps import create_train_state, jit_steps
+from .checkpoint import Checkpointer, has_checkpoint
+from .steps import create_train_state, eval_step, make_optimizer, state_shardings, train_step
 
 
-def make_run_dir(config):
-  name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-  run_dir = os.path.join(config.train.run_dir, name)
-  if os.path.exists(os.path.join(run_dir, "checkpoints")):
-    raise FileExistsError(f"run directory {run_dir} already holds checkpoints; choose another train.run_name")
-  os.makedirs(run_dir, exist_ok=True)
-  return run_dir
+class TrainingError(RuntimeError):
+  """The run cannot continue (e.g. too many non-finite steps in a row)."""
 
 
 def write_json_atomic(path, obj):
@@ -37,11 +47,72 @@ def write_json_atomic(path, obj):
   os.replace(tmp, path)
 
 
-def evaluate(params, apply_fn, eval_fn, batches, num_batches):
-  """Mean masked loss and accuracy over ``num_batches`` eval batches (sums accumulated in float64)."""
+def run_directory(config, resume):
+  name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+  run_dir = os.path.join(config.train.run_dir, name)
+  if has_checkpoint(run_dir) and not resume:
+    raise FileExistsError(f"run directory {run_dir} already holds checkpoints; pass --resume to "
+                          "continue it or choose another train.run_name")
+  os.makedirs(run_dir, exist_ok=True)
+  return run_dir
+
+
+def check_resumable(run_dir, config):
+  """The model and data of a resumed run must be the checkpoint's; train.* may change."""
+  with open(os.path.join(run_dir, "config.json")) as f:
+    saved = json.load(f)
+  now = config_lib.to_dict(config)
+  for section in ("model", "data"):
+    for key in sorted(set(saved[section]) | set(now[section])):
+      old, new = saved[section].get(key), now[section].get(key)
+      if (list(old) if isinstance(old, (list, tuple)) else old) != (list(new) if isinstance(new, (list, tuple)) else new):
+        raise config_lib.ConfigError(f"{section}.{key}: the checkpoint in {run_dir} was trained with "
+                                     f"{old!r}, this config says {new!r}")
+
+
+@contextlib.contextmanager
+def stop_requests():
+  """Yields a dict whose "stop" turns True on SIGTERM/SIGINT (handlers restored on exit)."""
+  flag = {"stop": False}
+  if threading.current_thread() is not threading.main_thread():
+    yield flag
+    return
+
+  def handler(signum, frame):
+    flag["stop"] = True
+
+  previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield flag
+  finally:
+    for sig, old in previous.items():
+      signal.signal(sig, old)
+
+
+def jit_steps(family, config, shardings):
+  """(train_step, eval_step), compiled; with model.debug_checks the checkify value checks of the
+  model raise on the host after the step that failed them."""
+  step = functools.partial(train_step, loss_fn=family.loss, accum_steps=config.train.grad_accum_steps)
+  if not config.model.debug_checks:
+    return (jax.jit(step, donate_argnums=0, out_shardings=(shardings, None)),
+            jax.jit(eval_step, static_argnums=1))
+
+  checked_step = jax.jit(checkify.checkify(step, errors=checkify.user_checks))
+  checked_eval = jax.jit(checkify.checkify(eval_step, errors=checkify.user_checks), static_argnums=1)
+
+  def run_checked(fn, *args):
+    err, out = fn(*args)
+    err.throw()
+    return out
+
+  return functools.partial(run_checked, checked_step), functools.partial(run_checked, checked_eval)
+
+
+def evaluate(params, apply_fn, eval_fn, dataset, num_batches, place):
+  """Mean masked loss and accuracy over the first ``num_batches`` eval batches (float64 sums)."""
   totals = {"loss_sum": 0.0, "hits": 0.0, "count": 0.0}
-  for step in range(num_batches):
-    out = eval_fn(params, apply_fn, batches.batch(step))
+  for _, batch in zip(range(num_batches), make_iterator(dataset)):
+    out = eval_fn(params, apply_fn, place(batch))
     for key in totals:
       totals[key] += float(out[key])
   count = max(totals["count"], 1.0)
@@ -49,44 +120,88 @@ def evaluate(params, apply_fn, eval_fn, batches, num_batches):
           "eval_tokens": int(totals["count"])}
 
 
-def train(config, progress=True):
+def train(config, resume=False, progress=True, devices=None):
   """Train ``config`` (an ExperimentConfig); returns (run_dir, summary dict)."""
   family = models.get(config.model.family)
   model = family.build(config.model)
-  train_batches = make_batches(config.data, config.train.seed, "train")
-  eval_batches = make_batches(config.data, config.train.seed, "eval")
-  run_dir = make_run_dir(config)
-  write_json_atomic(os.path.join(run_dir, "config.json"), config_lib.to_dict(config))
+  mesh = make_mesh(config.train, devices)
+  data_ways = mesh.shape["data"] * mesh.shape["fsdp"]
+  if config.data.batch_size % (data_ways * config.train.grad_accum_steps):
+    raise config_lib.ConfigError(
+        f"data.batch_size: {config.data.batch_size} is not divisible by the data axes (data x fsdp "
+        f"= {data_ways}) times train.grad_accum_steps={config.train.grad_accum_steps}")
+  rules = rules_from_config(config.train)
+  batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
+  place = lambda batch: {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in batch.items()}
 
-  state = create_train_state(model, config)
-  num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
-  train_fn, eval_fn = jit_steps(config.model.debug_checks)
-  tokens_per_step = config.data.batch_size * config.data.seq_len
+  train_data = make_iterator(make_dataset(config.data, config.train.seed, "train"))
+  eval_data = make_dataset(config.data, config.train.seed, "eval")
+  run_dir = run_directory(config, resume)  # after the data: bad data leaves no empty run dir
 
-  bar = tqdm(range(config.train.steps), desc=config.name, disable=not progress, dynamic_ncols=True)
-  with open(os.path.join(run_dir, "metrics.jsonl"), "w") as log:
-    start = time.perf_counter()
-    for step in bar:
-      state, metrics = train_fn(state, train_batches.batch(step))
-      done = step + 1
-      if done % config.train.log_every == 0 or done == config.train.steps:
-        metrics = {k: float(v) for k, v in metrics.items()}
-        elapsed = time.perf_counter() - start
-        record = {"step": done, **metrics, "tokens_per_sec": done * tokens_per_step / elapsed}
-        log.write(json.dumps(record) + "\n")
-        log.flush()
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}",
-                        tok_s=f"{record['tokens_per_sec']:.0f}")
-      if config.train.eval_every and done % config.train.eval_every == 0 and done < config.train.steps:
-        record = {"step": done, **evaluate(state.params, state.apply_fn, eval_fn, eval_batches,
-                                           config.train.eval_batches)}
-        log.write(json.dumps(record) + "\n")
-    final = {"step": config.train.steps, **evaluate(state.params, state.apply_fn, eval_fn, eval_batches,
-                                                    config.train.eval_batches)}
-    log.write(json.dumps(final) + "\n")
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    optimizer, _ = make_optimizer(config.train)
+    abstract, shardings = state_shardings(model, config, optimizer, mesh, rules)
+    checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
+    start = checkpointer.latest_step() if resume else None
+    if start is not None:
+      check_resumable(run_dir, config)
+      state = checkpointer.restore(abstract, shardings, train_data, start)
+    else:
+      start = 0
+      write_json_atomic(os.path.join(run_dir, "config.json"), config_lib.to_dict(config))
+      state = create_train_state(model, config, optimizer, shardings)
+    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+    train_fn, eval_fn = jit_steps(family, config, shardings)
+    run_eval = lambda: evaluate(state.params, state.apply_fn, eval_fn, eval_data,
+                                config.train.eval_batches, place)
 
-  save_state(run_dir, config.train.steps, state)
-  summary = {**final, "num_params": num_params, "train_seconds": time.perf_counter() - start,
-             "family": config.model.family, "name": config.name}
-  write_json_atomic(os.path.join(run_dir, "summary.json"), summary)
+    total = config.train.steps
+    tokens_per_step = config.data.batch_size * config.data.seq_len
+    saved_step, nonfinite_run, preempted = start, 0, False
+    is_main = jax.process_index() == 0
+    bar = tqdm(range(start, total), initial=start, total=total, desc=config.name,
+               disable=not (progress and is_main), dynamic_ncols=True)
+    clock = time.perf_counter()
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as log, stop_requests() as stop:
+      for step in bar:
+        state, metrics = train_fn(state, place(next(train_data)))
+        done = step + 1
+        if float(metrics["finite"]) == 0.0:
+          nonfinite_run += 1
+          if nonfinite_run >= config.train.max_nonfinite_steps:
+            checkpointer.close()
+            raise TrainingError(f"{nonfinite_run} non-finite losses in a row at step {done}; stopped "
+                                f"without saving (latest checkpoint: step {saved_step})")
+        else:
+          nonfinite_run = 0
+        if done % config.train.log_every == 0 or done == total:
+          record = {"step": done, **{k: float(v) for k, v in metrics.items()},
+                    "tokens_per_sec": (done - start) * tokens_per_step / (time.perf_counter() - clock)}
+          if is_main:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+          bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
+        if config.train.eval_every and done % config.train.eval_every == 0 and done < total:
+          if is_main:
+            log.write(json.dumps({"step": done, **run_eval()}) + "\n")
+        if stop["stop"] or (config.train.checkpoint_every and done % config.train.checkpoint_every == 0):
+          checkpointer.save(done, state, train_data)
+          saved_step = done
+        if stop["stop"]:
+          preempted = True
+          break
+      final = {"step": saved_step if preempted else total}
+      if not preempted:
+        final.update(run_eval())
+        if is_main:
+          log.write(json.dumps(final) + "\n")
+        if saved_step != total:
+          checkpointer.save(total, state, train_data)
+    checkpointer.close()
+
+  summary = {**final, "num_params": num_params, "train_seconds": time.perf_counter() - clock,
+             "family": config.model.family, "name": config.name, "preempted": preempted,
+             "mesh": dict(mesh.shape)}
+  if is_main:
+    write_json_atomic(os.path.join(run_dir, "summary.json"), summary)
   return run_dir, summary

@@ -1,7 +1,8 @@
-"""The reusable pieces of training: loss, optimizer, state, jitted train and eval steps.
+"""The reusable pieces of training: loss, optimizer, sharded state, jitted train and eval steps.
 
-The harness only assumes the LM calling convention of ``lpcjax.models.registry.Family``
-and batches {inputs, targets, loss_mask} (loss_mask marks the scored positions).
+The harness never branches on the model family: a family supplies ``loss(apply_fn, params,
+batch) -> (loss, metrics)`` (``lpcjax.losses.lm_loss`` for language models, see
+``lpcjax.models.registry.Family``).
 """
 
 import dataclasses
@@ -11,18 +12,14 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax.training import train_state
-from jax.experimental import checkify
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from lpcjax.losses import lm_loss, masked_cross_entropy
 
 
 class TrainState(train_state.TrainState):
   pass
-
-
-def masked_cross_entropy(logits, targets, loss_mask):
-  """Per-position cross-entropy [batch, seq] (float32) times the mask, and argmax hits."""
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
-  hits = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-  return losses * loss_mask, hits * loss_mask
 
 
 def decay_mask(params):
@@ -42,34 +39,71 @@ def make_optimizer(train_cfg):
                   weight_decay=train_cfg.weight_decay, mask=decay_mask)), schedule
 
 
+def _init_model(model):
+  """Value checks (debug_checks) belong to apply, not init: init without them."""
+  if getattr(model.config, "debug_checks", False):
+    return model.clone(config=dataclasses.replace(model.config, debug_checks=False))
+  return model
+
+
 def init_params(model, seq_len, seed):
   """Unboxed float params (logical axis names stripped; see nn.get_partition_spec for them)."""
-  if getattr(model.config, "debug_checks", False):  # value checks belong to apply, not init
-    model = model.clone(config=dataclasses.replace(model.config, debug_checks=False))
   tokens = jnp.zeros((1, seq_len), jnp.int32)
-  return nn.meta.unbox(model.init(jax.random.PRNGKey(seed), tokens)["params"])
+  return nn.meta.unbox(_init_model(model).init(jax.random.PRNGKey(seed), tokens)["params"])
 
 
-def create_train_state(model, config):
-  optimizer, _ = make_optimizer(config.train)
+def state_shardings(model, config, optimizer, mesh, rules):
+  """(abstract TrainState, its NamedShardings): params by their logical names under ``rules``,
+  optimizer moments like their params, everything else replicated. ``optimizer`` must be the
+  one the state is created with (it is part of the TrainState's static structure)."""
+  tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
+  boxed = jax.eval_shape(_init_model(model).init, jax.random.PRNGKey(0), tokens)["params"]
+  param_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+  abstract = jax.eval_shape(lambda: _create(model, config, optimizer))
+  replicated = NamedSharding(mesh, P())
+  opt_shardings = optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract.opt_state,
+                                        param_shardings, transform_non_params=lambda _: replicated)
+  shardings = abstract.replace(step=replicated, params=param_shardings, opt_state=opt_shardings)
+  return abstract, shardings
+
+
+def _create(model, config, optimizer):
   params = init_params(model, config.data.seq_len, config.train.seed)
   return TrainState.create(apply_fn=model.apply, params=params, tx=optimizer)
 
 
-def _loss_and_metrics(params, apply_fn, batch):
-  logits = apply_fn({"params": params}, batch["inputs"], segment_ids=batch.get("segment_ids"))
-  losses, hits = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
-  count = jnp.maximum(batch["loss_mask"].sum(), 1.0)
-  loss = losses.sum() / count
-  return loss, {"loss": loss, "accuracy": hits.sum() / count}
+def create_train_state(model, config, optimizer=None, shardings=None):
+  """A fresh TrainState, built directly into ``shardings`` (never materialized unsharded)."""
+  optimizer = make_optimizer(config.train)[0] if optimizer is None else optimizer
+  return jax.jit(lambda: _create(model, config, optimizer), out_shardings=shardings)()
 
 
-def train_step(state, batch):
-  """One AdamW step on the mean masked cross-entropy. Returns (state, metrics)."""
-  grad_fn = jax.value_and_grad(_loss_and_metrics, has_aux=True)
-  (_, metrics), grads = grad_fn(state.params, state.apply_fn, batch)
-  metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
-  return state.apply_gradients(grads=grads), metrics
+def _global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def train_step(state, batch, loss_fn=lm_loss, accum_steps=1):
+  """One optimizer step on ``batch`` (split into ``accum_steps`` micro-batches whose gradients
+  are averaged). A non-finite loss or gradient leaves the state unchanged (metrics["finite"]=0)."""
+  grad_fn = jax.value_and_grad(lambda p, b: loss_fn(state.apply_fn, p, b), has_aux=True)
+  if accum_steps == 1:
+    (_, metrics), grads = grad_fn(state.params, batch)
+  else:
+    micro = jax.tree.map(lambda x: x.reshape((accum_steps, -1) + x.shape[1:]), batch)
+
+    def accumulate(total, micro_batch):
+      (_, metrics), grads = grad_fn(state.params, micro_batch)
+      return jax.tree.map(jnp.add, total, (grads, metrics)), None
+
+    (_, metrics_shape), grads_shape = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro))
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), (grads_shape, metrics_shape))
+    (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
+    grads, metrics = jax.tree.map(lambda x: x / accum_steps, (grads, metrics))
+  grad_norm = _global_norm(grads)
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+  updated = state.apply_gradients(grads=grads)
+  state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+  return state, {**metrics, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
 
 
 def eval_step(params, apply_fn, batch):
@@ -77,26 +111,3 @@ def eval_step(params, apply_fn, batch):
   logits = apply_fn({"params": params}, batch["inputs"], segment_ids=batch.get("segment_ids"))
   losses, hits = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
   return {"loss_sum": losses.sum(), "hits": hits.sum(), "count": batch["loss_mask"].sum()}
-
-
-def jit_steps(debug_checks=False):
-  """Compiled (train_step, eval_step). With debug_checks, value checks inside the model
-  (lpcjax.kernels' debug mode) raise on the host after the step that failed them."""
-  train = jax.jit(train_step, donate_argnums=0)
-  evaluate = jax.jit(eval_step, static_argnums=1)
-  if not debug_checks:
-    return train, evaluate
-  checked_train = jax.jit(checkify.checkify(train_step, errors=checkify.user_checks))
-  checked_eval = jax.jit(checkify.checkify(eval_step, errors=checkify.user_checks), static_argnums=1)
-
-  def train_checked(state, batch):
-    err, out = checked_train(state, batch)
-    err.throw()
-    return out
-
-  def eval_checked(params, apply_fn, batch):
-    err, out = checked_eval(params, apply_fn, batch)
-    err.throw()
-    return out
-
-  return train_checked, eval_checked

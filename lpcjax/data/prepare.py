@@ -1,0 +1,143 @@
+"""Turn text into a flat uint16 GPT-2 token file plus a metadata JSON.
+
+  python -m lpcjax.data.prepare OUT_PREFIX INPUT [INPUT ...] [--tokenizer-file gpt2.tiktoken]
+
+Inputs: plain text (.txt, anything else read as UTF-8), gzip of it (.gz), or JSONL (.jsonl,
+.jsonl.gz; one document per line in its "text" field). A plain-text file is one document.
+Documents are separated by <|endoftext|>. Writes OUT_PREFIX.bin (uint16 tokens) and
+OUT_PREFIX.json: token count, document start offsets, the tokenizer's hash, and each source's
+size and modification time. Both are written to temporary names and renamed when complete,
+so an interrupted run leaves nothing that looks finished; re-running with the same inputs and
+tokenizer does nothing.
+"""
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .errors import DataError
+from .tokenizer import END_OF_TEXT, load_gpt2_tokenizer
+
+FORMAT_VERSION = 1
+
+
+def tokenizer_hash(tokenizer):
+  """sha256 over the merge ranks and special tokens: identifies the tokenizer, not its file."""
+  digest = hashlib.sha256()
+  for token, rank in sorted(tokenizer._mergeable_ranks.items(), key=lambda item: item[1]):
+    digest.update(token + b"\x00" + str(rank).encode() + b"\n")
+  digest.update(json.dumps(sorted(tokenizer._special_tokens.items())).encode())
+  return digest.hexdigest()
+
+
+def read_documents(path):
+  """Yield the documents of one input file as strings."""
+  if not os.path.isfile(path):
+    raise DataError(f"data file not found: {path}")
+  opener = gzip.open if path.endswith(".gz") else open
+  is_jsonl = path.removesuffix(".gz").endswith(".jsonl")
+  try:
+    with opener(path, "rt", encoding="utf-8-sig") as f:
+      if not is_jsonl:
+        yield f.read().replace("\r\n", "\n")
+        return
+      for number, line in enumerate(f, 1):
+        if line.strip():
+          record = json.loads(line)
+          if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataError(f"{path}:{number}: a JSONL line needs a string field 'text'")
+          yield record["text"]
+  except (UnicodeDecodeError, OSError, json.JSONDecodeError) as error:
+    raise DataError(f"cannot read {path}: {error}") from None
+
+
+def source_fingerprint(paths):
+  return [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "mtime": os.path.getmtime(p)}
+          for p in paths]
+
+
+def prepare(out_prefix, inputs, tokenizer_file=None, progress=True):
+  """Tokenize ``inputs`` into OUT_PREFIX.bin/.json; returns the metadata dict."""
+  for path in inputs:
+    if not os.path.isfile(path):
+      raise DataError(f"data file not found: {path}")
+  tokenizer = load_gpt2_tokenizer(tokenizer_file)
+  if tokenizer.n_vocab > 2**16:
+    raise DataError(f"tokenizer has {tokenizer.n_vocab} tokens: more than uint16 holds")
+  meta_path, bin_path = f"{out_prefix}.json", f"{out_prefix}.bin"
+  expected = {"format_version": FORMAT_VERSION, "tokenizer_sha256": tokenizer_hash(tokenizer),
+              "sources": source_fingerprint(inputs)}
+  if os.path.exists(meta_path) and os.path.exists(bin_path):
+    with open(meta_path) as f:
+      existing = json.load(f)
+    if all(existing.get(key) == value for key, value in expected.items()):
+      return existing  # idempotent: same inputs, same tokenizer
+
+  eot = tokenizer.encode(END_OF_TEXT, allowed_special={END_OF_TEXT})
+  doc_starts, total = [], 0
+  tmp_bin = f"{bin_path}.tmp"
+  os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
+  try:
+    with open(tmp_bin, "wb") as out, tqdm(inputs, desc="tokenizing", unit="file", disable=not progress) as bar:
+      for path in bar:
+        for text in read_documents(path):
+          ids = np.asarray(tokenizer.encode_ordinary(text) + eot, dtype=np.uint16)
+          doc_starts.append(total)
+          total += len(ids)
+          out.write(ids.tobytes())
+        bar.set_postfix(tokens=total)
+    meta = {**expected, "num_tokens": total, "num_documents": len(doc_starts),
+            "doc_starts": doc_starts, "vocab_size": tokenizer.n_vocab, "dtype": "uint16"}
+    tmp_meta = f"{meta_path}.tmp"
+    with open(tmp_meta, "w") as f:
+      json.dump(meta, f)
+    os.replace(tmp_bin, bin_path)  # the .bin first: a .json only ever describes a complete .bin
+    os.replace(tmp_meta, meta_path)
+  finally:
+    if os.path.exists(tmp_bin):
+      os.remove(tmp_bin)
+  return meta
+
+
+def load_token_file(out_prefix):
+  """(memmap of uint16 tokens, metadata) after checking that the two agree."""
+  meta_path, bin_path = f"{out_prefix}.json", f"{out_prefix}.bin"
+  for path in (meta_path, bin_path):
+    if not os.path.isfile(path):
+      raise DataError(f"token file not found: {path} (make it with python -m lpcjax.data.prepare)")
+  try:
+    with open(meta_path) as f:
+      meta = json.load(f)
+  except json.JSONDecodeError as error:
+    raise DataError(f"corrupt token metadata {meta_path}: {error}") from None
+  expected_bytes = 2 * meta.get("num_tokens", -1)
+  actual = os.path.getsize(bin_path)
+  if actual != expected_bytes:
+    raise DataError(f"token file {bin_path} has {actual} bytes, its metadata says {expected_bytes}: "
+                    "truncated or corrupt; prepare it again")
+  return np.memmap(bin_path, dtype=np.uint16, mode="r"), meta
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("out_prefix", help="writes OUT_PREFIX.bin and OUT_PREFIX.json")
+  parser.add_argument("inputs", nargs="+", help=".txt, .gz, .jsonl or .jsonl.gz files")
+  parser.add_argument("--tokenizer-file", default=None, help="tiktoken rank file (offline use)")
+  args = parser.parse_args(argv)
+  try:
+    meta = prepare(args.out_prefix, args.inputs, args.tokenizer_file)
+  except DataError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  print(f"{meta['num_tokens']} tokens in {meta['num_documents']} documents -> {args.out_prefix}.bin")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -39,7 +39,7 @@ class DataConfig:
 
   kind="mqar": multi-query associative recall, generated on the fly (no download).
   kind="text": text files (.txt, .gz, .jsonl) tokenized in memory with the GPT-2 tokenizer.
-  kind="tokens": a token file made by ``python -m lpcjax.data.prepare`` (memmapped).
+  kind="tokens": a token file made by ``python -m lpcjax.data`` (memmapped).
   """
 
   kind: str = "mqar"

@@ -1,6 +1,6 @@
 """Turn text into a flat uint16 GPT-2 token file plus a metadata JSON.
 
-  python -m lpcjax.data.prepare OUT_PREFIX INPUT [INPUT ...] [--tokenizer-file gpt2.tiktoken]
+  python -m lpcjax.data OUT_PREFIX INPUT [INPUT ...] [--tokenizer-file gpt2.tiktoken]
 
 Inputs: plain text (.txt, anything else read as UTF-8), gzip of it (.gz), or JSONL (.jsonl,
 .jsonl.gz; one document per line in its "text" field). A plain-text file is one document.
@@ -110,7 +110,7 @@ def load_token_file(out_prefix):
   meta_path, bin_path = f"{out_prefix}.json", f"{out_prefix}.bin"
   for path in (meta_path, bin_path):
     if not os.path.isfile(path):
-      raise DataError(f"token file not found: {path} (make it with python -m lpcjax.data.prepare)")
+      raise DataError(f"token file not found: {path} (make it with python -m lpcjax.data)")
   try:
     with open(meta_path) as f:
       meta = json.load(f)

@@ -2,7 +2,7 @@
 
 Each file is one document (read like ``prepare.read_documents``: .gz and .jsonl work too),
 followed by <|endoftext|>. For large corpora prepare a token file once instead
-(``python -m lpcjax.data.prepare``, data.kind="tokens").
+(``python -m lpcjax.data``, data.kind="tokens").
 """
 
 import numpy as np

@@ -21,7 +21,7 @@ PAPER_SIZES = {
 def paper_experiment(family, size, block="llama"):
   """ExperimentConfig for a paper-size ``family`` ("fox" or "transformer") model.
 
-  Data files are not set: give them with ``data.train_files=...`` on the command line.
+  Data is not set: prepare a token file (python -m lpcjax.data) and give data.train_tokens=PREFIX.
   """
   if size not in PAPER_SIZES or family not in ("fox", "transformer") or block not in ("llama", "pro"):
     raise ConfigError(f"paper config: unknown {family}/{block}/{size}; families fox, transformer; "
@@ -38,7 +38,7 @@ def paper_experiment(family, size, block="llama"):
   steps = int(tokens // TOKENS_PER_STEP)
   train = TrainConfig(steps=steps, learning_rate=lr, warmup_steps=int(256e6 // TOKENS_PER_STEP),
                       log_every=50, eval_every=1000, eval_batches=16)
-  data = DataConfig(kind="text", seq_len=16384, batch_size=32)
+  data = DataConfig(kind="tokens", seq_len=16384, batch_size=32)
   suffix = "" if block == "llama" else f"_{block}"
   return ExperimentConfig(model=model, data=data, train=train, name=f"{family}{suffix}_{size}")
 

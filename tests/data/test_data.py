@@ -1,10 +1,14 @@
 import gzip
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from lpcjax.config import DataConfig
-from lpcjax.data import DataError, MQARBatches, TextBatches, load_gpt2_tokenizer, mqar_example
+from lpcjax.data import (DataError, MQARSource, TokenWindowSource, load_gpt2_tokenizer, load_token_file,
+                         make_dataset, make_iterator, mqar_example, prepare)
 
 
 def test_mqar_answers_are_the_paired_values():
@@ -19,13 +23,44 @@ def test_mqar_answers_are_the_paired_values():
     assert t >= 16 and targets[t] == pairs[inputs[t]]
 
 
-def test_mqar_batches_are_deterministic_per_step_and_split():
+def test_mqar_examples_depend_only_on_seed_split_and_index():
   cfg = DataConfig(seq_len=64, batch_size=4, mqar_vocab_size=256, mqar_num_pairs=4)
-  a, b = MQARBatches(cfg, seed=1).batch(5), MQARBatches(cfg, seed=1).batch(5)
+  a, b = MQARSource(cfg, 1, "train")[5], MQARSource(cfg, 1, "train")[5]
   np.testing.assert_array_equal(a["inputs"], b["inputs"])
-  assert not np.array_equal(a["inputs"], MQARBatches(cfg, seed=1).batch(6)["inputs"])
-  assert not np.array_equal(a["inputs"], MQARBatches(cfg, seed=1, split="eval").batch(5)["inputs"])
-  np.testing.assert_array_equal(a["inputs"][:, 1:], a["targets"][:, :-1])
+  assert not np.array_equal(a["inputs"], MQARSource(cfg, 1, "train")[6]["inputs"])
+  assert not np.array_equal(a["inputs"], MQARSource(cfg, 1, "eval")[5]["inputs"])
+  np.testing.assert_array_equal(a["inputs"][1:], a["targets"][:-1])
+
+
+def test_processes_read_disjoint_halves_of_each_global_batch():
+  cfg = DataConfig(seq_len=32, batch_size=4, mqar_vocab_size=64, mqar_num_pairs=2)
+  whole = next(make_iterator(make_dataset(cfg, 0, "train", 0, 1)))["inputs"]
+  halves = [next(make_iterator(make_dataset(cfg, 0, "train", p, 2)))["inputs"] for p in (0, 1)]
+  assert halves[0].shape == (2, 32)
+  np.testing.assert_array_equal(np.concatenate([halves[0], halves[1]])[[0, 2, 1, 3]], whole)
+  with pytest.raises(DataError, match="not divisible by the 3 processes"):
+    make_dataset(cfg, 0, "train", 0, 3)
+
+
+def test_iterator_state_restores_the_position():
+  cfg = DataConfig(seq_len=32, batch_size=2, mqar_vocab_size=64, mqar_num_pairs=2)
+  it = make_iterator(make_dataset(cfg, 0, "train"))
+  next(it), next(it)
+  state = it.get_state()
+  expected = next(it)["inputs"]
+  again = make_iterator(make_dataset(cfg, 0, "train"))
+  again.set_state(state)
+  np.testing.assert_array_equal(next(again)["inputs"], expected)
+
+
+def test_token_windows_and_segment_ids():
+  tokens = np.arange(20, dtype=np.uint16)
+  source = TokenWindowSource(tokens, doc_starts=[0, 6, 13], seq_len=4, segment_ids=True)
+  assert len(source) == 4
+  window = source[1]  # inputs are positions 4..7: documents 0, 0, 1, 1
+  np.testing.assert_array_equal(window["inputs"], [4, 5, 6, 7])
+  np.testing.assert_array_equal(window["targets"], [5, 6, 7, 8])
+  np.testing.assert_array_equal(window["segment_ids"], [0, 0, 1, 1])
 
 
 def test_tokenizer_offline_from_rank_file(shared_data, monkeypatch):
@@ -45,22 +80,40 @@ def test_tokenizer_errors_are_clear(tmp_path):
     load_gpt2_tokenizer(str(bad))
 
 
-def test_text_batches_round_trip(shared_data, tmp_path):
-  text = "It was a dark and stormy night; the rain fell in torrents. " * 40
-  path = tmp_path / "doc.txt.gz"
-  with gzip.open(path, "wt", encoding="utf-8") as f:
-    f.write(text)
-  cfg = DataConfig(kind="text", seq_len=32, batch_size=2, train_files=(str(path),),
-                   tokenizer_file=str(shared_data / "gpt2.tiktoken"))
-  batches = TextBatches(cfg, seed=0, split="eval")
-  enc = load_gpt2_tokenizer(cfg.tokenizer_file)
-  assert batches.tokens[-1] == 50256 and enc.decode(batches.tokens[:-1].tolist()) == text
-  batch = batches.batch(0)
-  assert enc.decode(batch["inputs"][0].tolist()) in text
-  np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
-  with pytest.raises(DataError, match="data file not found"):
-    TextBatches(DataConfig(kind="text", train_files=(str(tmp_path / "nope.txt"),),
-                           tokenizer_file=cfg.tokenizer_file), seed=0)
-  with pytest.raises(DataError, match="fewer than seq_len"):
-    TextBatches(DataConfig(kind="text", seq_len=100000, train_files=(str(path),),
-                           tokenizer_file=cfg.tokenizer_file), seed=0)
+def test_prepare_round_trip_idempotent_and_checked(shared_data, tmp_path):
+  rank_file = str(shared_data / "gpt2.tiktoken")
+  book = str(shared_data / "pg_books" / "frankenstein.txt.gz")
+  jsonl = tmp_path / "docs.jsonl"
+  jsonl.write_text(json.dumps({"text": "First document."}) + "\n" + json.dumps({"text": "Second, café."}) + "\n")
+  prefix = str(tmp_path / "out" / "tokens")
+  meta = prepare(prefix, [book, str(jsonl)], rank_file, progress=False)
+  enc = load_gpt2_tokenizer(rank_file)
+  with gzip.open(book, "rt", encoding="utf-8-sig") as f:
+    text = f.read().replace("\r\n", "\n")
+  tokens, loaded = load_token_file(prefix)
+  assert meta["num_documents"] == 3 and loaded["num_tokens"] == len(tokens) == meta["num_tokens"]
+  first_len = len(enc.encode_ordinary(text)) + 1
+  assert meta["doc_starts"] == [0, first_len, first_len + len(enc.encode_ordinary("First document.")) + 1]
+  assert enc.decode(tokens[:first_len - 1].tolist()) == text and tokens[first_len - 1] == 50256
+  assert enc.decode(tokens[meta["doc_starts"][2]:-1].tolist()) == "Second, café."
+  mtime = (tmp_path / "out" / "tokens.bin").stat().st_mtime_ns
+  prepare(prefix, [book, str(jsonl)], rank_file, progress=False)  # same inputs: nothing rewritten
+  assert (tmp_path / "out" / "tokens.bin").stat().st_mtime_ns == mtime
+  with open(f"{prefix}.bin", "r+b") as f:
+    f.truncate(100)
+  with pytest.raises(DataError, match="truncated or corrupt"):
+    load_token_file(prefix)
+  with pytest.raises(DataError, match="token file not found"):
+    load_token_file(str(tmp_path / "nothing"))
+
+
+def test_prepare_cli_errors_in_one_line(tmp_path):
+  result = subprocess.run([sys.executable, "-m", "lpcjax.data", str(tmp_path / "t"),
+                           str(tmp_path / "missing.txt")], capture_output=True, text=True)
+  assert result.returncode == 2 and result.stderr.strip() == f"error: data file not found: {tmp_path / 'missing.txt'}"
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"title": "no text"}\n')
+  result = subprocess.run([sys.executable, "-m", "lpcjax.data", str(tmp_path / "t"), str(bad),
+                           "--tokenizer-file", "/nonexistent"], capture_output=True, text=True)
+  assert result.returncode == 2 and "tokenizer rank file not found" in result.stderr
+  assert not list(tmp_path.glob("t.*"))  # nothing half-written

@@ -1,0 +1,103 @@
+"""Train-step throughput: tokens/s and model FLOPs utilisation, several models in one run.
+
+  python benchmarks/train_step.py                                  # tiny FoX vs Transformer, CPU
+  python benchmarks/train_step.py --config paper:fox_pro_125m --set data.seq_len=4096 \
+      data.batch_size=8 --families fox                             # the GPU figure
+
+Each candidate (a family, on the same config otherwise) is compiled, warmed up, then timed
+over --steps steps; the candidates are interleaved round by round so that load changes on a
+shared machine hit them alike. Model FLOPs per token: 6 * (non-embedding params) plus causal
+attention 6 * layers * seq_len * d_attn (= 12 * L * T * d / 2). MFU needs the device's peak:
+known for H100/H200 (989 TFLOP/s dense bf16), else give --peak-tflops.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lpcjax import config as config_lib
+from lpcjax import models
+from lpcjax.training import create_train_state, train_step
+
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def model_flops_per_token(config, params):
+  embedding = sum(int(np.prod(x.shape)) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+                  if any(getattr(p, "key", None) in ("embed",) for p in path))
+  dense = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)) - embedding
+  cfg = config.model
+  attention = 6 * cfg.num_layers * config.data.seq_len * cfg.num_heads * cfg.resolved_head_dim
+  return 6 * dense + attention
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="fox_tiny_mqar")
+  parser.add_argument("--set", nargs="*", default=[], help="config overrides, section.field=value")
+  parser.add_argument("--families", nargs="+", default=["fox", "transformer"])
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--peak-tflops", type=float, default=None)
+  parser.add_argument("--out", default=None)
+  args = parser.parse_args()
+
+  base = config_lib.apply_overrides(config_lib.load_experiment(args.config, CONFIG_DIR), args.set)
+  rng = np.random.default_rng(0)
+  cfg = base.data
+  batch = {"inputs": jnp.asarray(rng.integers(0, base.model.vocab_size, (cfg.batch_size, cfg.seq_len))),
+           "targets": jnp.asarray(rng.integers(0, base.model.vocab_size, (cfg.batch_size, cfg.seq_len))),
+           "loss_mask": jnp.ones((cfg.batch_size, cfg.seq_len), jnp.float32)}
+  device = jax.devices()[0].device_kind
+  peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
+
+  candidates = {}
+  for family in args.families:
+    config = config_lib.apply_overrides(base, [f"model.family={family}"])
+    model = models.get(family).build(config.model)
+    state = create_train_state(model, config)
+    step = jax.jit(train_step, donate_argnums=0)
+    state, metrics = step(state, batch)  # compile
+    jax.block_until_ready(metrics)
+    candidates[family] = {"config": config, "state": state, "step": step, "times": [],
+                          "flops_per_token": model_flops_per_token(config, state.params)}
+  for _ in range(args.rounds):
+    for entry in candidates.values():
+      start = time.perf_counter()
+      for _ in range(args.steps):
+        entry["state"], metrics = entry["step"](entry["state"], batch)
+      jax.block_until_ready(metrics)
+      entry["times"].append((time.perf_counter() - start) / args.steps)
+
+  tokens = cfg.batch_size * cfg.seq_len
+  rows = []
+  print(f"device: {device}  jax {jax.__version__}  batch {cfg.batch_size} x {cfg.seq_len}  ({args.config} {' '.join(args.set)})")
+  print(f"{'family':>12} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>9} {'MFU':>6}")
+  for family, entry in candidates.items():
+    step_s = statistics.median(entry["times"])
+    tflops = entry["flops_per_token"] * tokens / step_s / 1e12
+    row = {"family": family, "step_ms": step_s * 1e3, "tokens_per_sec": tokens / step_s,
+           "model_tflops": tflops, "mfu": tflops / peak if peak else None}
+    rows.append(row)
+    mfu = f"{row['mfu']:.1%}" if peak else "n/a"
+    print(f"{family:>12} {row['step_ms']:>9.1f} {row['tokens_per_sec']:>10.0f} {tflops:>9.3f} {mfu:>6}")
+  if len(rows) > 1:
+    ratio = rows[0]["step_ms"] / rows[1]["step_ms"]
+    print(f"step time {rows[0]['family']} / {rows[1]['family']}: {ratio:.2f}")
+  out = args.out or os.path.join(os.path.dirname(__file__), "results", f"train_step_{jax.default_backend()}.json")
+  with open(out, "w") as f:
+    json.dump({"device": device, "jax_version": jax.__version__, "python": platform.python_version(),
+               "config": args.config, "overrides": args.set, "peak_tflops": peak, "rows": rows}, f, indent=2)
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -93,6 +93,7 @@ class TrainConfig:
   keep_checkpoints: int = 3
   max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
   grad_accum_steps: int = 1  # micro-batches per step (data.batch_size is the whole step)
+  tensorboard: bool = False  # also write TensorBoard event files (needs the [tensorboard] extra)
   # Device mesh ("data", "fsdp", "tensor"); -1 takes all devices left over by the others.
   mesh_data: int = -1
   mesh_fsdp: int = 1

@@ -89,6 +89,39 @@ def stop_requests():
       signal.signal(sig, old)
 
 
+class MetricsLog:
+  """metrics.jsonl in the run directory (appended on resume), plus TensorBoard if asked for.
+  Only process 0 writes."""
+
+  def __init__(self, run_dir, tensorboard):
+    self.enabled = jax.process_index() == 0
+    self.file = open(os.path.join(run_dir, "metrics.jsonl"), "a") if self.enabled else None
+    self.tensorboard = None
+    if tensorboard and self.enabled:
+      try:
+        from tensorboardX import SummaryWriter
+      except ImportError:
+        raise config_lib.ConfigError("train.tensorboard: needs tensorboardX "
+                                     "(pip install 'lpcjax[tensorboard]')") from None
+      self.tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+
+  def write(self, record):
+    if not self.enabled:
+      return
+    self.file.write(json.dumps(record) + "\n")
+    self.file.flush()
+    if self.tensorboard is not None:
+      for key, value in record.items():
+        if key != "step":
+          self.tensorboard.add_scalar(key, value, record["step"])
+
+  def close(self):
+    if self.file is not None:
+      self.file.close()
+    if self.tensorboard is not None:
+      self.tensorboard.close()
+
+
 def jit_steps(family, config, shardings):
   """(train_step, eval_step), compiled; with model.debug_checks the checkify value checks of the
   model raise on the host after the step that failed them."""
@@ -162,7 +195,8 @@ def train(config, resume=False, progress=True, devices=None):
     bar = tqdm(range(start, total), initial=start, total=total, desc=config.name,
                disable=not (progress and is_main), dynamic_ncols=True)
     clock = time.perf_counter()
-    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as log, stop_requests() as stop:
+    log = MetricsLog(run_dir, config.train.tensorboard)
+    with contextlib.closing(log), stop_requests() as stop:
       for step in bar:
         state, metrics = train_fn(state, place(next(train_data)))
         done = step + 1
@@ -177,13 +211,10 @@ def train(config, resume=False, progress=True, devices=None):
         if done % config.train.log_every == 0 or done == total:
           record = {"step": done, **{k: float(v) for k, v in metrics.items()},
                     "tokens_per_sec": (done - start) * tokens_per_step / (time.perf_counter() - clock)}
-          if is_main:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
+          log.write(record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
         if config.train.eval_every and done % config.train.eval_every == 0 and done < total:
-          if is_main:
-            log.write(json.dumps({"step": done, **run_eval()}) + "\n")
+          log.write({"step": done, **run_eval()})
         if stop["stop"] or (config.train.checkpoint_every and done % config.train.checkpoint_every == 0):
           checkpointer.save(done, state, train_data)
           saved_step = done
@@ -193,8 +224,7 @@ def train(config, resume=False, progress=True, devices=None):
       final = {"step": saved_step if preempted else total}
       if not preempted:
         final.update(run_eval())
-        if is_main:
-          log.write(json.dumps(final) + "\n")
+        log.write(final)
         if saved_step != total:
           checkpointer.save(total, state, train_data)
     checkpointer.close()

@@ -106,3 +106,11 @@ def test_debug_checks_run_inside_training(tmp_path):
   cfg = tiny_experiment(tmp_path, "model.debug_checks=true", "train.steps=2", "train.warmup_steps=1")
   _, summary = train(cfg, progress=False, devices=one_device())
   assert np.isfinite(summary["eval_loss"])
+
+
+def test_tensorboard_event_files(tmp_path):
+  pytest.importorskip("tensorboardX")
+  cfg = tiny_experiment(tmp_path, "train.tensorboard=true", "train.steps=2", "train.warmup_steps=1",
+                        "train.log_every=1")
+  run_dir, _ = train(cfg, progress=False, devices=one_device())
+  assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(run_dir, "tensorboard")))

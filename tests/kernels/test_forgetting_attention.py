@@ -213,3 +213,12 @@ def test_xla_backend_memory_is_linear_in_seq_len():
   reference_8k = _temp_bytes("reference", 8192)
   assert xla_8k < reference_8k / 8, (xla_8k, reference_8k)
   assert xla_8k < 2.5 * xla_4k, (xla_4k, xla_8k)  # linear, not quadratic
+
+
+def test_auto_picks_pallas_on_gpu_for_supported_head_dims(monkeypatch):
+  from lpcjax.kernels import api
+  monkeypatch.setattr(api.jax, "default_backend", lambda: "cpu")
+  assert api._resolve_impl("auto", 64) == "xla"
+  monkeypatch.setattr(api.jax, "default_backend", lambda: "gpu")
+  assert api._resolve_impl("auto", 64) == "pallas" and api._resolve_impl("auto", 128) == "pallas"
+  assert api._resolve_impl("auto", 8) == "xla"  # unsupported by the kernel: the blockwise op

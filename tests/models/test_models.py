@@ -34,14 +34,15 @@ def build(family, **kw):
 @pytest.mark.parametrize("family,kw", VARIANTS)
 def test_causal(family, kw):
   model, params = build(family, **kw)
+  apply = jax.jit(model.apply)
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, 50, size=(2, 24)))
-  logits = model.apply(params, tokens)
+  logits = apply(params, tokens)
   assert logits.shape == (2, 24, 50) and logits.dtype == jnp.float32
   for t in (0, 9, 22):
-    changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % 50)
-    np.testing.assert_allclose(model.apply(params, changed)[:, :t + 1], logits[:, :t + 1], atol=1e-5)
-    assert not np.allclose(model.apply(params, changed)[:, t + 1:], logits[:, t + 1:])
+    changed = apply(params, tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % 50))
+    np.testing.assert_allclose(changed[:, :t + 1], logits[:, :t + 1], atol=1e-5)
+    assert not np.allclose(changed[:, t + 1:], logits[:, t + 1:])
 
 
 @pytest.mark.parametrize("family,kw", [VARIANTS[1], VARIANTS[4]])
@@ -72,7 +73,7 @@ def test_remat_changes_nothing_numerically():
   remat = fam.build(dataclasses.replace(model.config, remat_policy="full"))
   tokens = jnp.arange(24).reshape(1, 24) % 50
   loss = lambda m: lambda p: jnp.sum(m.apply(p, tokens) ** 2)
-  g1, g2 = jax.grad(loss(model))(params), jax.grad(loss(remat))(params)
+  g1, g2 = jax.jit(jax.grad(loss(model)))(params), jax.jit(jax.grad(loss(remat)))(params)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 

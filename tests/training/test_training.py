@@ -56,8 +56,8 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
   rng = np.random.default_rng(0)
   batch = {"inputs": jnp.asarray(rng.integers(0, 64, (8, 32))), "targets": jnp.asarray(rng.integers(0, 64, (8, 32))),
            "loss_mask": jnp.ones((8, 32))}
-  one, m1 = train_step(state, batch)
-  four, m4 = train_step(state, batch, accum_steps=4)
+  one, m1 = jax.jit(train_step)(state, batch)
+  four, m4 = jax.jit(train_step, static_argnames="accum_steps")(state, batch, accum_steps=4)
   np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-6)
   for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -69,7 +69,7 @@ def test_nonfinite_loss_skips_the_update(tmp_path):
   batch = {"inputs": jnp.zeros((8, 32), jnp.int32), "targets": jnp.zeros((8, 32), jnp.int32),
            "loss_mask": jnp.ones((8, 32))}
   nan_loss = lambda apply_fn, params, batch: (jnp.nan * jax.tree.leaves(params)[0].sum(), {"loss": jnp.nan})
-  new, metrics = train_step(state, batch, loss_fn=nan_loss)
+  new, metrics = jax.jit(train_step, static_argnames="loss_fn")(state, batch, loss_fn=nan_loss)
   assert float(metrics["finite"]) == 0.0 and int(new.step) == int(state.step)
   for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(a, b)

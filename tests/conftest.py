@@ -25,3 +25,14 @@ def repo_root():
 
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+def tiny_experiment(tmp_path, *overrides, name="run"):
+  """A seconds-long FoX-on-MQAR experiment writing under tmp_path/name."""
+  from lpcjax import config as C
+  cfg = C.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py"))
+  return C.apply_overrides(cfg, [
+      "model.vocab_size=64", "data.mqar_vocab_size=64", "data.seq_len=32", "data.mqar_num_pairs=4",
+      "data.batch_size=8", "model.d_model=32", "model.mlp_multiple_of=32", "train.steps=30",
+      "train.warmup_steps=5", "train.log_every=10", "train.eval_batches=2",
+      f"train.run_dir={tmp_path}", f"train.run_name={name}", *overrides])

@@ -5,8 +5,8 @@
 Inputs: plain text (.txt, anything else read as UTF-8), gzip of it (.gz), or JSONL (.jsonl,
 .jsonl.gz; one document per line in its "text" field). A plain-text file is one document.
 Documents are separated by <|endoftext|>. Writes OUT_PREFIX.bin (uint16 tokens) and
-OUT_PREFIX.json: token count, document start offsets, the tokenizer's hash, and each source's
-size and modification time. Both are written to temporary names and renamed when complete,
+OUT_PREFIX.json: token, document and whitespace-word counts, document start offsets, the
+tokenizer's hash, and each source's size and modification time. Both are written to temporary names and renamed when complete,
 so an interrupted run leaves nothing that looks finished; re-running with the same inputs and
 tokenizer does nothing.
 """
@@ -80,7 +80,7 @@ def prepare(out_prefix, inputs, tokenizer_file=None, progress=True):
       return existing  # idempotent: same inputs, same tokenizer
 
   eot = tokenizer.encode(END_OF_TEXT, allowed_special={END_OF_TEXT})
-  doc_starts, total = [], 0
+  doc_starts, total, words = [], 0, 0
   tmp_bin = f"{bin_path}.tmp"
   os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
   try:
@@ -90,9 +90,10 @@ def prepare(out_prefix, inputs, tokenizer_file=None, progress=True):
           ids = np.asarray(tokenizer.encode_ordinary(text) + eot, dtype=np.uint16)
           doc_starts.append(total)
           total += len(ids)
+          words += len(text.split())
           out.write(ids.tobytes())
         bar.set_postfix(tokens=total)
-    meta = {**expected, "num_tokens": total, "num_documents": len(doc_starts),
+    meta = {**expected, "num_tokens": total, "num_documents": len(doc_starts), "num_words": words,
             "doc_starts": doc_starts, "vocab_size": tokenizer.n_vocab, "dtype": "uint16"}
     tmp_meta = f"{meta_path}.tmp"
     with open(tmp_meta, "w") as f:

@@ -48,6 +48,13 @@ class Checkpointer:
         state=ocp.args.StandardRestore(target), data=grain.checkpoint.CheckpointRestore(data_iterator)))
     return restored["state"]
 
+  def restore_state(self, abstract_state, shardings, step=None):
+    """Restore only the train state (evaluation needs no data position)."""
+    step = self.latest_step() if step is None else step
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract_state, shardings)
+    return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()

@@ -16,7 +16,7 @@ from lpcjax import models
 from lpcjax.sharding import make_mesh, rules_from_config
 from lpcjax.training import Checkpointer, create_train_state, make_optimizer, state_shardings, train
 
-from test_training import tiny_experiment
+from conftest import tiny_experiment
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS)")
 MESH_2X2X2 = ("train.mesh_data=2", "train.mesh_fsdp=2", "train.mesh_tensor=2")

@@ -13,16 +13,7 @@ from lpcjax import models
 from lpcjax.losses import masked_cross_entropy
 from lpcjax.training import Checkpointer, create_train_state, decay_mask, train, train_step
 
-from conftest import REPO
-
-
-def tiny_experiment(tmp_path, *overrides, name="run"):
-  cfg = C.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py"))
-  return C.apply_overrides(cfg, [
-      "model.vocab_size=64", "data.mqar_vocab_size=64", "data.seq_len=32", "data.mqar_num_pairs=4",
-      "data.batch_size=8", "model.d_model=32", "model.mlp_multiple_of=32", "train.steps=30",
-      "train.warmup_steps=5", "train.log_every=10", "train.eval_batches=2",
-      f"train.run_dir={tmp_path}", f"train.run_name={name}", *overrides])
+from conftest import REPO, tiny_experiment
 
 
 def one_device():

@@ -1,0 +1,86 @@
+"""Per-token loss L(i): the mean cross-entropy at each context position i (the FoX paper's
+central diagnostic), and perplexity over the first L positions.
+
+Sums are accumulated on the host in float64, per position, over every evaluation sequence;
+a position's mean counts only the sequences that score it (the loss mask: all of them for
+text). Optionally each sequence is rolled by a random offset first (the paper's protocol), so
+that every position sees text of the same difficulty on average.
+"""
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm.auto import tqdm
+
+from lpcjax.losses import masked_cross_entropy
+
+
+def context_lengths(eval_len, first=512):
+  """512, 1k, 2k, ... up to eval_len, and eval_len itself."""
+  lengths = []
+  length = first
+  while length < eval_len:
+    lengths.append(length)
+    length *= 2
+  return lengths + [eval_len]
+
+
+def roll_batch(batch, rng):
+  """Roll every sequence (inputs and targets alike) by its own random offset."""
+  out = {}
+  shifts = rng.integers(0, batch["inputs"].shape[1], size=batch["inputs"].shape[0])
+  for key, value in batch.items():
+    out[key] = np.stack([np.roll(row, shift) for row, shift in zip(value, shifts)])
+  return out
+
+
+def per_token_losses(model, params, batches, mesh, *, roll_seed=None, progress=True, total=None):
+  """Run the model over ``batches`` (an iterable of numpy batch dicts of one shape) and return
+  (loss_sums [T] float64, counts [T] float64, hits [T] float64). One compilation per shape."""
+  sharding = NamedSharding(mesh, P(("data", "fsdp")))
+
+  @jax.jit
+  def position_losses(params, batch):
+    logits = model.apply({"params": params}, batch["inputs"], segment_ids=batch.get("segment_ids"))
+    losses, hits = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
+    return losses, hits
+
+  rng = None if roll_seed is None else np.random.default_rng(roll_seed)
+  sums = counts = hits_sum = None
+  for batch in tqdm(batches, desc="per-token loss", total=total, disable=not progress):
+    if rng is not None:
+      batch = roll_batch(batch, rng)
+    placed = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+    losses, hits = position_losses(params, placed)
+    losses, hits = np.asarray(losses, np.float64), np.asarray(hits, np.float64)
+    mask = np.asarray(batch["loss_mask"], np.float64)
+    if sums is None:
+      sums, counts, hits_sum = (np.zeros(losses.shape[1]) for _ in range(3))
+    sums += losses.sum(0)
+    counts += mask.sum(0)
+    hits_sum += hits.sum(0)
+  if sums is None:
+    raise ValueError("per-token loss: the evaluation data gave no batch")
+  return sums, counts, hits_sum
+
+
+def summarize(sums, counts, num_sequences, tokens_per_word=None):
+  """The JSON-ready result: the curve, counts, and mean loss / perplexity over the first L."""
+  with np.errstate(invalid="ignore", divide="ignore"):
+    curve = sums / counts
+  eval_len = len(sums)
+  result = {"eval_len": eval_len, "num_sequences": int(num_sequences), "num_tokens": int(counts.sum()),
+            "mean_loss": float(sums.sum() / counts.sum()),
+            "per_token_loss": [None if not np.isfinite(x) else float(x) for x in curve],
+            "by_context_length": {}}
+  for length in context_lengths(eval_len):
+    mean = float(sums[:length].sum() / max(counts[:length].sum(), 1.0))
+    result["by_context_length"][str(length)] = {"loss": mean, "perplexity": math.exp(mean)}
+  result["perplexity"] = math.exp(result["mean_loss"])
+  if tokens_per_word is not None:
+    result["tokens_per_word"] = tokens_per_word
+    result["word_perplexity"] = math.exp(result["mean_loss"] * tokens_per_word)
+  return result

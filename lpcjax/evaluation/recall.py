@@ -1,0 +1,19 @@
+"""Associative recall (MQAR) accuracy as a function of the key-query distance."""
+
+import numpy as np
+
+
+def recall_by_distance(logits_fn, batches):
+  """{bucket: {"accuracy", "count"}} over MQAR batches; bucket "2^k" holds distances in
+  [2^k, 2^(k+1)), the distance being from the key's first occurrence to its query."""
+  hits, counts = {}, {}
+  for batch in batches:
+    predictions = np.argmax(np.asarray(logits_fn(batch["inputs"])), axis=-1)
+    for row in range(batch["inputs"].shape[0]):
+      inputs = batch["inputs"][row]
+      for t in np.flatnonzero(batch["loss_mask"][row]):
+        first = int(np.flatnonzero(inputs == inputs[t])[0])
+        bucket = 1 << int(np.log2(max(t - first, 1)))
+        hits[bucket] = hits.get(bucket, 0) + int(predictions[row, t] == batch["targets"][row, t])
+        counts[bucket] = counts.get(bucket, 0) + 1
+  return {str(b): {"accuracy": hits[b] / counts[b], "count": counts[b]} for b in sorted(counts)}

@@ -1,0 +1,132 @@
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lpcjax import models
+from lpcjax.data import DataError, MQARSource, load_gpt2_tokenizer
+from lpcjax.evaluation import (RunError, context_lengths, evaluate_run, load_run, needle_example, needle_grid,
+                               per_token_losses, recall_by_distance, score_answers, summarize, write_outputs)
+from lpcjax.evaluation.per_token import roll_batch
+from lpcjax.sharding import make_mesh
+from lpcjax.training import train
+
+from conftest import REPO, tiny_experiment
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("runs")
+  out = {}
+  for family in ("fox", "transformer"):
+    cfg = tiny_experiment(root, f"model.family={family}", "train.steps=4", "train.warmup_steps=1",
+                          "train.mesh_data=1", "data.seq_len=16", name=family)
+    out[family], _ = train(cfg, progress=False, devices=jax.devices()[:1])
+  return out
+
+
+def test_per_token_curve_equals_direct_computation():
+  cfg = models.FoXConfig(vocab_size=40, d_model=32, num_layers=1, num_heads=2, mlp_multiple_of=32)
+  model = models.get("fox").build(cfg)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 12), jnp.int32))["params"]
+  rng = np.random.default_rng(0)
+  batches = [{"inputs": rng.integers(0, 40, (2, 12)).astype(np.int32),
+              "targets": rng.integers(0, 40, (2, 12)).astype(np.int32),
+              "loss_mask": (rng.uniform(size=(2, 12)) > 0.2).astype(np.float32)} for _ in range(3)]
+  mesh = make_mesh(tiny_experiment("/tmp", "train.mesh_data=1").train, jax.devices()[:1])
+  sums, counts, _ = per_token_losses(model, params, batches, mesh, progress=False)
+  result = summarize(sums, counts, 6)
+  direct_sum, direct_count = np.zeros(12), np.zeros(12)
+  for batch in batches:
+    for row in range(2):
+      logits = np.asarray(model.apply({"params": params}, batch["inputs"][row:row + 1])[0], np.float64)
+      log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+      loss = log_z - logits[np.arange(12), batch["targets"][row]]
+      direct_sum += loss * batch["loss_mask"][row]
+      direct_count += batch["loss_mask"][row]
+  np.testing.assert_allclose(result["per_token_loss"], direct_sum / direct_count, atol=1e-5)
+  assert result["mean_loss"] == pytest.approx(direct_sum.sum() / direct_count.sum(), abs=1e-6)
+  assert context_lengths(12) == [12] and context_lengths(3000) == [512, 1024, 2048, 3000]
+
+
+def test_roll_moves_inputs_targets_and_mask_together():
+  batch = {"inputs": np.arange(10).reshape(2, 5), "targets": np.arange(10).reshape(2, 5) + 1,
+           "loss_mask": np.ones((2, 5))}
+  rolled = roll_batch(batch, np.random.default_rng(3))
+  np.testing.assert_array_equal(rolled["targets"] - rolled["inputs"], np.ones((2, 5)))
+  assert sorted(rolled["inputs"][0]) == list(range(5))
+
+
+@pytest.mark.parametrize("family", ["fox", "transformer"])
+def test_eval_at_four_times_the_training_length_compiles_once(runs, family, tmp_path):
+  compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, duration, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None)
+  ways = len(jax.devices())  # the default eval mesh puts every device on the data axis
+  result = evaluate_run(runs[family], max_sequences=ways, progress=False)
+  one_batch = len(compiles)
+  evaluate_run(runs[family], max_sequences=3 * ways, progress=False)
+  assert len(compiles) - one_batch <= one_batch  # three times the batches, no more compilations
+  assert result["eval_len"] == 64 and result["train_len"] == 16 and len(result["per_token_loss"]) == 64
+  assert result["num_sequences"] == ways and set(result["recall_by_distance"])
+  write_outputs([result], str(tmp_path))
+  assert (tmp_path / "per_token_loss.png").stat().st_size > 1000
+
+
+def test_compare_overlays_runs(runs, tmp_path):
+  results = [evaluate_run(runs[f], max_sequences=2, progress=False) for f in ("fox", "transformer")]
+  write_outputs(results, str(tmp_path))
+  saved = json.load(open(tmp_path / "compare.json"))
+  assert [r["family"] for r in saved] == ["fox", "transformer"]
+  assert (tmp_path / "perplexity_vs_context.png").exists()
+
+
+def test_bad_runs_and_data(runs, tmp_path):
+  with pytest.raises(RunError, match="not a run directory"):
+    load_run(str(tmp_path))
+  (tmp_path / "config.json").write_text(open(os.path.join(runs["fox"], "config.json")).read())
+  with pytest.raises(RunError, match="no checkpoint"):
+    load_run(str(tmp_path))
+  text = tmp_path / "a.txt"
+  text.write_text("some words " * 50)
+  with pytest.raises(DataError, match="tokenizer mismatch"):
+    evaluate_run(runs["fox"], data_files=[str(text)], progress=False)
+  result = subprocess.run([sys.executable, str(REPO / "eval.py"), "--run", str(tmp_path)],
+                          capture_output=True, text=True)
+  assert result.returncode == 2 and result.stderr.strip() == f"error: {tmp_path}: no checkpoint to evaluate (has the run saved one?)"
+
+
+def test_recall_by_distance_scores_an_oracle():
+  source = MQARSource(tiny_experiment("/tmp").data, 0, "eval")
+  batch = {k: np.stack([source[i][k] for i in range(4)]) for k in ("inputs", "targets", "loss_mask")}
+  oracle = lambda tokens: jax.nn.one_hot(batch["targets"], 64)
+  result = recall_by_distance(oracle, [batch])
+  assert all(v["accuracy"] == 1.0 for v in result.values())
+  assert sum(v["count"] for v in result.values()) == int(batch["loss_mask"].sum())
+
+
+def test_needle_placement_and_scoring(shared_data):
+  tokenizer = load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
+  haystack = np.arange(1000, 3000)  # recognisable filler ids
+  tokens, position, answer_start = needle_example(haystack, tokenizer, 512, 0.5, "amber-falcon", "4417203")
+  needle = tokenizer.encode_ordinary(" One of the special magic numbers for amber-falcon is: 4417203.")
+  budget = 512 - len(needle) - (512 - answer_start) - len(tokenizer.encode_ordinary(
+      " What is the special magic number for amber-falcon mentioned in the provided text? "
+      "The special magic number for amber-falcon mentioned in the provided text is:"))
+  assert len(tokens) == 512 and position == round(0.5 * budget)
+  assert tokens[position:position + len(needle)].tolist() == needle  # the needle sits at its depth
+  assert tokenizer.decode(tokens[answer_start:].tolist()) == " 4417203"
+
+  def oracle(batch):  # predicts every next token correctly
+    return jax.nn.one_hot(np.concatenate([batch[:, 1:], batch[:, :1]], axis=1), tokenizer.n_vocab)
+
+  wrong = lambda batch: jax.nn.one_hot(np.zeros_like(batch), tokenizer.n_vocab)
+  assert score_answers(oracle, [(tokens, position, answer_start)]) == 1.0
+  assert score_answers(wrong, [(tokens, position, answer_start)]) == 0.0
+  grid = needle_grid(oracle, haystack, tokenizer, [256, 512], [0.0, 0.5, 1.0], trials=2)
+  assert grid.shape == (3, 2) and grid.min() == 1.0

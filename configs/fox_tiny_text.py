@@ -1,7 +1,11 @@
-"""A tiny FoX language model on your text files (GPT-2 tokens), trainable on CPU in minutes.
+"""A tiny FoX language model on your text (GPT-2 tokens), trainable on CPU in minutes.
 
   python train.py --config fox_tiny_text data.train_files=a.txt,b.txt.gz data.eval_files=c.txt \
       data.tokenizer_file=gpt2.tiktoken     # the rank file is needed only offline
+  python train.py --config fox_tiny_text data.kind=tokens data.train_tokens=PREFIX data.eval_tokens=PREFIX2
+
+About 0.6 s a step on 2 CPU cores (the 50257-way output layer dominates); the Transformer
+baseline: model.family=transformer.
 """
 
 from lpcjax.config import DataConfig, ExperimentConfig, TrainConfig
@@ -11,7 +15,6 @@ from lpcjax.models import FoXConfig
 def get_config():
   model = FoXConfig(vocab_size=50257, d_model=128, num_layers=4, num_heads=4, mlp_multiple_of=64,
                     tie_embeddings=True)
-  data = DataConfig(kind="text", seq_len=512, batch_size=8)
-  train = TrainConfig(steps=2000, learning_rate=2e-3, warmup_steps=100, log_every=25,
-                      eval_every=500, eval_batches=8)
+  data = DataConfig(kind="text", seq_len=256, batch_size=4)
+  train = TrainConfig(steps=600, learning_rate=2e-3, warmup_steps=50, log_every=25, eval_batches=16)
   return ExperimentConfig(model=model, data=data, train=train, name="fox_tiny_text")

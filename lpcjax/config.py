@@ -57,11 +57,13 @@ class DataConfig:
   train_tokens: Optional[str] = None  # prefix of PREFIX.bin/PREFIX.json
   eval_tokens: Optional[str] = None
   segment_ids: bool = False  # text/tokens: give the model document boundaries inside a window
+  window_stride: Optional[int] = None  # text/tokens: start of window i is i * stride (default seq_len)
 
   def __post_init__(self):
     require_choice(self.kind, "data.kind", {"mqar", "text", "tokens"})
     require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
     require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
+    require(self.window_stride is None or self.window_stride >= 1, "data.window_stride", "must be >= 1")
     if self.kind == "mqar":
       require(self.mqar_vocab_size >= 4, "data.mqar_vocab_size", "must be >= 4")
       require(self.mqar_num_pairs >= 1, "data.mqar_num_pairs", "must be >= 1")
@@ -142,6 +144,10 @@ class ExperimentConfig:
     else:
       require(self.model.vocab_size >= 50257, "model.vocab_size",
               f"GPT-2 text needs >= 50257 tokens, got {self.model.vocab_size}")
+    window_len = getattr(self.model, "window_len", None)  # families that read fixed windows
+    if window_len is not None:
+      require(self.data.seq_len == window_len, "data.seq_len",
+              f"the {family} model reads windows of {window_len} tokens, got {self.data.seq_len}")
     require(self.data.batch_size % self.train.grad_accum_steps == 0, "train.grad_accum_steps",
             f"data.batch_size={self.data.batch_size} is not divisible by {self.train.grad_accum_steps}")
 

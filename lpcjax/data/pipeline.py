@@ -3,8 +3,9 @@
 Sources (``len`` + ``__getitem__``):
 * ``MQARSource``: example i is drawn from an RNG seeded by (seed, split, i), so any example can
   be regenerated on any process without generating the ones before it.
-* ``TokenWindowSource``: window i of a token array is tokens[i*T : i*T + T + 1]; with
-  ``segment_ids`` it also marks the documents inside the window (ids restart at 0 per window).
+* ``TokenWindowSource``: window i of a token array is tokens[i*S : i*S + T + 1] (stride S,
+  default T); with ``segment_ids`` it also marks the documents inside the window (ids restart
+  at 0 per window).
 
 Training reads the windows in a seeded shuffled order, epoch after epoch; evaluation reads them
 in order. Each process takes every process_count-th example (its shard of the global batch),
@@ -41,17 +42,18 @@ class MQARSource:
 
 
 class TokenWindowSource:
-  def __init__(self, tokens, doc_starts, seq_len, segment_ids=False):
+  def __init__(self, tokens, doc_starts, seq_len, segment_ids=False, stride=None):
     self.tokens, self.seq_len, self.segment_ids = tokens, seq_len, segment_ids
+    self.stride = stride or seq_len
     self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
     if len(tokens) < seq_len + 1:
       raise DataError(f"data: {len(tokens)} tokens is fewer than seq_len + 1 = {seq_len + 1}")
 
   def __len__(self):
-    return (len(self.tokens) - 1) // self.seq_len
+    return (len(self.tokens) - self.seq_len - 1) // self.stride + 1
 
   def __getitem__(self, index):
-    start = index * self.seq_len
+    start = index * self.stride
     window = np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int32)
     example = {"inputs": window[:-1], "targets": window[1:],
                "loss_mask": np.ones(self.seq_len, np.float32)}
@@ -71,12 +73,12 @@ def make_source(data_config, seed, split):
     if not prefix:
       raise DataError("data.train_tokens is empty: kind='tokens' needs a prepared token file prefix")
     tokens, meta = load_token_file(prefix)
-    return TokenWindowSource(tokens, meta["doc_starts"], cfg.seq_len, cfg.segment_ids)
+    return TokenWindowSource(tokens, meta["doc_starts"], cfg.seq_len, cfg.segment_ids, cfg.window_stride)
   files = cfg.train_files if split == "train" else (cfg.eval_files or cfg.train_files)
   if not files:
     raise DataError("data.train_files is empty: kind='text' needs at least one text file")
   tokens, doc_starts = tokenize_files(files, load_gpt2_tokenizer(cfg.tokenizer_file))
-  return TokenWindowSource(tokens, doc_starts, cfg.seq_len, cfg.segment_ids)
+  return TokenWindowSource(tokens, doc_starts, cfg.seq_len, cfg.segment_ids, cfg.window_stride)
 
 
 def make_dataset(data_config, seed, split, process_index=None, process_count=None):

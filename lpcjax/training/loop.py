@@ -126,12 +126,13 @@ def jit_steps(family, config, shardings):
   """(train_step, eval_step), compiled; with model.debug_checks the checkify value checks of the
   model raise on the host after the step that failed them."""
   step = functools.partial(train_step, loss_fn=family.loss, accum_steps=config.train.grad_accum_steps)
-  if not config.model.debug_checks:
+  evaluate_batch = functools.partial(eval_step, loss_fn=family.loss)
+  if not getattr(config.model, "debug_checks", False):
     return (jax.jit(step, donate_argnums=0, out_shardings=(shardings, None)),
-            jax.jit(eval_step, static_argnums=1))
+            jax.jit(evaluate_batch, static_argnums=1))
 
   checked_step = jax.jit(checkify.checkify(step, errors=checkify.user_checks))
-  checked_eval = jax.jit(checkify.checkify(eval_step, errors=checkify.user_checks), static_argnums=1)
+  checked_eval = jax.jit(checkify.checkify(evaluate_batch, errors=checkify.user_checks), static_argnums=1)
 
   def run_checked(fn, *args):
     err, out = fn(*args)
@@ -209,7 +210,7 @@ def train(config, resume=False, progress=True, devices=None):
         else:
           nonfinite_run = 0
         if done % config.train.log_every == 0 or done == total:
-          record = {"step": done, **{k: float(v) for k, v in metrics.items()},
+          record = {"step": done, **{k: float(v) for k, v in metrics.items() if k != "count"},
                     "tokens_per_sec": (done - start) * tokens_per_step / (time.perf_counter() - clock)}
           log.write(record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")

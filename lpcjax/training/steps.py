@@ -15,7 +15,7 @@ from flax.training import train_state
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lpcjax.losses import lm_loss, masked_cross_entropy
+from lpcjax.losses import lm_loss
 
 
 class TrainState(train_state.TrainState):
@@ -106,8 +106,8 @@ def train_step(state, batch, loss_fn=lm_loss, accum_steps=1):
   return state, {**metrics, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
 
 
-def eval_step(params, apply_fn, batch):
+def eval_step(params, apply_fn, batch, loss_fn=lm_loss):
   """Sums (not means) so that batches can be accumulated exactly."""
-  logits = apply_fn({"params": params}, batch["inputs"], segment_ids=batch.get("segment_ids"))
-  losses, hits = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
-  return {"loss_sum": losses.sum(), "hits": hits.sum(), "count": batch["loss_mask"].sum()}
+  _, metrics = loss_fn(apply_fn, params, batch)
+  count = metrics["count"]
+  return {"loss_sum": metrics["loss"] * count, "hits": metrics["accuracy"] * count, "count": count}

@@ -1,0 +1,141 @@
+"""The ``sith`` family: a GPT-2 transformer fed L log-compressed slots + the m recent tokens.
+
+Input: a window of H + m tokens, H = the history length (M = round(tau*_max) for the
+compressed model, L for the delta-pulse control). The H older tokens are embedded and
+compressed once, before the first block, into L slots (``lpcjax.layers.sith``); the transformer
+runs unchanged on [L slots; m tokens] with learned positions for all L + m inputs. Attention
+mask: a token sees every slot and the tokens up to itself; a slot sees only slots (a slot that
+saw a token would leak that token into the slots every earlier token reads). The model predicts
+the m recent tokens only: logits [batch, m, vocab], and ``sith_loss`` scores exactly those m
+positions. Windows are taken with stride m, so every token is predicted once, with up to H
+tokens of (compressed) history.
+"""
+
+import dataclasses
+from typing import ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lpcjax.config import require, require_choice
+from lpcjax.layers.common import DTYPES, dtype_of, normal_init
+from lpcjax.layers.sith import TABLE_C, SITHCompressor, sith_peaks
+from lpcjax.losses import masked_cross_entropy
+
+from .registry import Family, register
+
+
+@dataclasses.dataclass(frozen=True)
+class SITHConfig:
+  """GPT-2 small by default (12 x 768, 12 heads, MLP 3072, vocab 50304, no dropout)."""
+
+  family: ClassVar[str] = "sith"
+
+  vocab_size: int = 50304
+  d_model: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  num_filters: int = 53  # L
+  k: float = 100.0
+  c: float = TABLE_C  # the paper's table of windows; it writes 0.19 (see lpcjax.layers.sith)
+  tau_min: float = 1.0
+  chunk_len: int = 256  # m: the uncompressed tokens, the only ones predicted
+  delta_pulse: bool = False  # the control: slots are the L preceding tokens, uncompressed
+  init_std: float = 0.02
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "num_filters", "chunk_len"):
+      require(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
+    require(self.d_model % self.num_heads == 0, "model.num_heads",
+            f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+    require(self.k > 0, "model.k", "must be > 0")
+    require(self.c > 0, "model.c", "must be > 0")
+    require_choice(self.dtype, "model.dtype", set(DTYPES))
+    require_choice(self.param_dtype, "model.param_dtype", set(DTYPES))
+
+  @property
+  def history_len(self):
+    """H: tokens before the chunk that the slots summarize."""
+    if self.delta_pulse:
+      return self.num_filters
+    return int(round(sith_peaks(self.num_filters, self.c, self.tau_min)[-1]))
+
+  @property
+  def window_len(self):
+    return self.history_len + self.chunk_len
+
+
+def slot_token_mask(num_slots, num_tokens):
+  """[L + m, L + m] bool: slots see slots; tokens see slots and tokens up to themselves."""
+  size = num_slots + num_tokens
+  row, col = jnp.arange(size)[:, None], jnp.arange(size)[None, :]
+  slot_col = col < num_slots
+  return jnp.where(row < num_slots, slot_col, slot_col | (col <= row))
+
+
+class GPT2Block(nn.Module):
+  config: SITHConfig
+
+  @nn.compact
+  def __call__(self, x, mask):
+    cfg = self.config
+    dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
+    dense = lambda features, axes, name: nn.Dense(features, dtype=dtype, param_dtype=param_dtype,
+                                                  kernel_init=normal_init(cfg.init_std, axes), name=name)
+    heads, head_dim = cfg.num_heads, cfg.d_model // cfg.num_heads
+    h = nn.LayerNorm(dtype=dtype, param_dtype=param_dtype, name="ln_1")(x)
+    qkv = dense(3 * cfg.d_model, ("embed", "mlp"), "c_attn")(h).reshape(x.shape[:2] + (3, heads, head_dim))
+    attended = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], mask=mask[None, None])
+    x = x + dense(cfg.d_model, ("mlp", "embed"), "c_proj")(attended.reshape(x.shape))
+    h = nn.LayerNorm(dtype=dtype, param_dtype=param_dtype, name="ln_2")(x)
+    h = jax.nn.gelu(dense(cfg.mlp_dim, ("embed", "mlp"), "c_fc")(h), approximate=True)
+    return x + dense(cfg.d_model, ("mlp", "embed"), "mlp_proj")(h)
+
+
+class SITHLM(nn.Module):
+  """tokens [batch, H + m] -> logits [batch, m, vocab] (float32) for the last m tokens."""
+
+  config: SITHConfig
+
+  @nn.compact
+  def __call__(self, tokens, segment_ids=None):
+    del segment_ids  # windows are contiguous text; documents are not separated here
+    cfg = self.config
+    history = cfg.history_len
+    if tokens.shape[1] != cfg.window_len:
+      raise ValueError(f"sith: expected windows of H + m = {history} + {cfg.chunk_len} tokens, "
+                       f"got {tokens.shape[1]}")
+    dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
+    wte = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+                   embedding_init=normal_init(cfg.init_std, ("vocab", "embed")), name="wte")
+    embedded = wte(tokens)
+    slots = SITHCompressor(cfg.num_filters, cfg.k, cfg.c, cfg.tau_min, cfg.delta_pulse, dtype=dtype,
+                           name="compressor")(embedded[:, :history])
+    x = jnp.concatenate([slots.astype(embedded.dtype), embedded[:, history:]], axis=1)
+    positions = self.param("wpe", normal_init(0.01, ("length", "embed")), x.shape[1:], param_dtype)
+    x = x + positions.astype(x.dtype)
+    mask = slot_token_mask(cfg.num_filters, cfg.chunk_len)
+    for i in range(cfg.num_layers):
+      x = GPT2Block(cfg, name=f"h_{i}")(x, mask)
+    x = nn.LayerNorm(dtype=dtype, param_dtype=param_dtype, name="ln_f")(x[:, cfg.num_filters:])
+    return wte.attend(x).astype(jnp.float32)  # GPT-2 ties the output layer to wte
+
+
+def sith_loss(apply_fn, params, batch):
+  """Cross-entropy over the m predicted tokens only (the last m targets of each window)."""
+  logits = apply_fn({"params": params}, batch["inputs"])
+  chunk = logits.shape[1]
+  mask = batch["loss_mask"][:, -chunk:]
+  losses, hits = masked_cross_entropy(logits, batch["targets"][:, -chunk:], mask)
+  count = jnp.maximum(mask.sum(), 1.0)
+  loss = losses.sum() / count
+  return loss, {"loss": loss, "accuracy": hits.sum() / count, "count": mask.sum()}
+
+
+register(Family("sith", SITHConfig, SITHLM,
+                "GPT-2 over L SITH log-compressed slots + the m recent tokens (loss on the m)",
+                loss=sith_loss))

@@ -1,6 +1,6 @@
 """Gradual Forgetting (SITH) experiments: ``--config sith:<spec>``.
 
-  sith:k100_L53        the paper's grid point: k in {100, 150, 200}, L in {5, 9, ..., 53}, m = 256,
+  sith:k100_L53        a grid point of the paper: k in {100, 150, 200}, L in {5, 9, ..., 53}, m = 256,
                        GPT-2 small, windows of M + m tokens with stride m (M = tau*_max)
   sith:delta_L53       the delta-pulse control with L filters
   sith:tiny_L21        a CPU-sized model (2 layers, d = 128, m = 64) with L = 21 (M = 32)
@@ -18,9 +18,9 @@ from lpcjax.models import SITHConfig
 
 
 def get_config(spec="k100_L53"):
-  match = re.fullmatch(r"(tiny_)?(?:k(\d+)|(delta))_L(\d+)", spec)
+  match = re.fullmatch(r"(tiny_)?(?:k(\d+)_|(delta)_)?L(\d+)", spec)
   if not match:
-    raise ConfigError(f"sith:{spec}: expected [tiny_]k<K>_L<L> or [tiny_]delta_L<L>")
+    raise ConfigError(f"sith:{spec}: expected [tiny_][k<K>_|delta_]L<L>, e.g. k100_L53 or tiny_delta_L21")
   tiny, k, delta, filters = match.group(1), match.group(2), match.group(3), int(match.group(4))
   size = dict(d_model=128, num_layers=2, num_heads=4, mlp_dim=512, chunk_len=64) if tiny else {}
   model = SITHConfig(num_filters=filters, k=float(k or 100), delta_pulse=bool(delta), **size)

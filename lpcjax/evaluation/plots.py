@@ -15,6 +15,16 @@ def moving_average(values, window):
   return np.arange(window, len(values) + 1), np.convolve(values, kernel, mode="valid")
 
 
+def _finish(fig, ax, path, xlabel, ylabel):
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def plot_per_token(runs, path, window=64, log_x=False):
   """runs: [(label, result dict from summarize, training length)]."""
   fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -26,14 +36,8 @@ def plot_per_token(runs, path, window=64, log_x=False):
       ax.axvline(train_len, color=line.get_color(), linestyle=":", linewidth=1)
   if log_x:
     ax.set_xscale("log")
-  ax.set_xlabel("token position (dotted: training length)")
-  ax.set_ylabel(f"loss (moving average, {window} tokens)")
   ax.set_title("Per-token loss")
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _finish(fig, ax, path, "token position (dotted: training length)", f"loss (moving average, {window} tokens)")
 
 
 def plot_perplexity(runs, path):
@@ -43,13 +47,7 @@ def plot_perplexity(runs, path):
     lengths = sorted(int(k) for k in result["by_context_length"])
     ax.plot(lengths, [result["by_context_length"][str(n)]["perplexity"] for n in lengths], "o-", label=label)
   ax.set_xscale("log", base=2)
-  ax.set_xlabel("context length L")
-  ax.set_ylabel("perplexity over the first L tokens")
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _finish(fig, ax, path, "context length L", "perplexity over the first L tokens")
 
 
 def plot_needle(grid, lengths, depths, path, title="Needle in a haystack"):

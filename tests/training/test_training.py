@@ -80,15 +80,16 @@ def test_train_writes_a_restorable_run_directory(tmp_path):
 
 
 def test_train_cli_rejects_bad_input_with_one_line(tmp_path):
+  one_device = {**os.environ, "XLA_FLAGS": ""}  # as a user's single-CPU run
   result = subprocess.run([sys.executable, str(REPO / "train.py"), "model.d_modle=3"],
-                          capture_output=True, text=True, cwd=tmp_path)
+                          capture_output=True, text=True, cwd=tmp_path, env=one_device)
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
       "error: model.d_modle: unknown key; known keys are " + result.stderr.split("known keys are ")[1].strip()]
   result = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", "fox_tiny_text",
                            "data.train_files=/nonexistent.txt", "data.tokenizer_file=/nonexistent.tiktoken",
                            f"train.run_dir={tmp_path}"],
-                          capture_output=True, text=True, cwd=tmp_path)
+                          capture_output=True, text=True, cwd=tmp_path, env=one_device)
   assert result.returncode == 2 and "error: tokenizer rank file not found" in result.stderr
   assert "Traceback" not in result.stderr
 

@@ -12,7 +12,7 @@ from lpcjax.data import DataError, load_gpt2_tokenizer, load_token_file, make_da
 from lpcjax.data.prepare import read_documents, tokenizer_hash
 
 from .needle import needle_grid
-from .per_token import per_token_losses, summarize
+from .per_token import per_token_losses, sequence_logits, summarize
 from .plots import plot_needle, plot_per_token, plot_perplexity
 from .recall import recall_by_distance
 from .runs import load_run
@@ -22,7 +22,8 @@ NEEDLE_DEPTHS = tuple(i / 10 for i in range(11))
 
 def _eval_data(config, eval_len, batch_size, data_files, data_tokens):
   """The data config for evaluation: the run's own eval data unless files/tokens are given."""
-  data = dataclasses.replace(config.data, seq_len=eval_len, batch_size=batch_size)
+  # Long sequences, no stride: windowed models (sith) slide over them in sequence_logits.
+  data = dataclasses.replace(config.data, seq_len=eval_len, batch_size=batch_size, window_stride=None)
   if data_files:
     data = dataclasses.replace(data, kind="text", train_files=tuple(data_files), eval_files=tuple(data_files))
   elif data_tokens:
@@ -51,8 +52,12 @@ def _tokens_per_word(data):
 
 def label_of(config, params):
   size = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)) / 1e6
-  rope = ", RoPE" if config.model.use_rope else ""
-  return f"{config.model.family} ({config.model.block}{rope}, {size:.1f}M)"
+  cfg = config.model
+  if cfg.family == "sith":
+    kind = f"delta L={cfg.num_filters}" if cfg.delta_pulse else f"L={cfg.num_filters}, k={cfg.k:g}"
+  else:
+    kind = cfg.block + (", RoPE" if cfg.use_rope else "")
+  return f"{cfg.family} ({kind}, {size:.1f}M)"
 
 
 def evaluate_run(run_dir, *, eval_len=None, data_files=None, data_tokens=None, batch_size=None,
@@ -73,7 +78,7 @@ def evaluate_run(run_dir, *, eval_len=None, data_files=None, data_tokens=None, b
     raise DataError(f"evaluation data too short: fewer than {batch_size} windows of eval_len + 1 = "
                     f"{eval_len + 1} tokens")
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    apply = jax.jit(lambda p, tokens: model.apply({"params": p}, tokens))
+    apply = jax.jit(lambda p, tokens: sequence_logits(model, p, tokens))
     logits_fn = lambda tokens: apply(params, np.asarray(tokens))
     sums, counts, _ = per_token_losses(model, params, (dataset[i] for i in range(num_batches)), mesh,
                                        roll_seed=seed if roll and data.kind != "mqar" else None,

@@ -10,6 +10,7 @@ that every position sees text of the same difficulty on average.
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -37,6 +38,33 @@ def roll_batch(batch, rng):
   return out
 
 
+def sequence_logits(model, params, inputs, segment_ids=None):
+  """Logits [batch, T, vocab] at every position of ``inputs`` [batch, T].
+
+  Models that read fixed windows of H + m tokens and predict only the last m (the ``sith``
+  family: their config has ``history_len`` and ``chunk_len``) are run the way they are trained:
+  over windows with stride m, so each position is predicted once with up to H tokens of
+  history. Before the sequence starts the history holds <|endoftext|> (token 0 for vocabularies
+  smaller than GPT-2's), as at the start of a document.
+  """
+  cfg = model.config
+  if not hasattr(cfg, "chunk_len"):
+    return model.apply({"params": params}, inputs, segment_ids=segment_ids)
+  history, chunk = cfg.history_len, cfg.chunk_len
+  batch, seq_len = inputs.shape
+  if seq_len % chunk:
+    raise ValueError(f"eval_len {seq_len} must be a multiple of the model's chunk length m = {chunk}")
+  fill = 50256 if cfg.vocab_size > 50256 else 0
+  padded = jnp.concatenate([jnp.full((batch, history), fill, inputs.dtype), inputs], axis=1)
+  starts = jnp.arange(seq_len // chunk) * chunk
+
+  def one_window(start):  # window [start - H, start + m) of the sequence -> logits at [start, start + m)
+    return model.apply({"params": params}, jax.lax.dynamic_slice_in_dim(padded, start, history + chunk, axis=1))
+
+  logits = jax.lax.map(one_window, starts)  # [chunks, batch, m, vocab], one window at a time
+  return jnp.moveaxis(logits, 0, 1).reshape(batch, seq_len, -1)
+
+
 def per_token_losses(model, params, batches, mesh, *, roll_seed=None, progress=True, total=None):
   """Run the model over ``batches`` (an iterable of numpy batch dicts of one shape) and return
   (loss_sums [T] float64, counts [T] float64, hits [T] float64). One compilation per shape."""
@@ -44,7 +72,7 @@ def per_token_losses(model, params, batches, mesh, *, roll_seed=None, progress=T
 
   @jax.jit
   def position_losses(params, batch):
-    logits = model.apply({"params": params}, batch["inputs"], segment_ids=batch.get("segment_ids"))
+    logits = sequence_logits(model, params, batch["inputs"], batch.get("segment_ids"))
     losses, hits = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
     return losses, hits
 

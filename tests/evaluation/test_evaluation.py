@@ -130,3 +130,37 @@ def test_needle_placement_and_scoring(shared_data):
   assert score_answers(wrong, [(tokens, position, answer_start)]) == 0.0
   grid = needle_grid(oracle, haystack, tokenizer, [256, 512], [0.0, 0.5, 1.0], trials=2)
   assert grid.shape == (3, 2) and grid.min() == 1.0
+
+
+def test_windowed_models_get_a_curve_over_the_whole_sequence(tmp_path):
+  """sith predicts m tokens per window: sequence_logits slides stride-m windows over a long
+  sequence (history before its start = token 0 here) and lines the logits up by position."""
+  from lpcjax.evaluation.per_token import sequence_logits
+  cfg = models.SITHConfig(vocab_size=40, d_model=32, num_layers=1, num_heads=4, mlp_dim=64, num_filters=9,
+                          k=50, chunk_len=6)
+  model = models.get("sith").build(cfg)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, cfg.window_len), jnp.int32))["params"]
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 40, (2, 24)))
+  logits = sequence_logits(model, params, tokens)
+  assert logits.shape == (2, 24, 40)
+  padded = jnp.concatenate([jnp.zeros((2, cfg.history_len), tokens.dtype), tokens], axis=1)
+  for chunk in range(4):
+    window = padded[:, chunk * 6: chunk * 6 + cfg.window_len]
+    np.testing.assert_allclose(logits[:, chunk * 6:(chunk + 1) * 6], model.apply({"params": params}, window),
+                               atol=1e-5)
+  with pytest.raises(ValueError, match="multiple of the model's chunk length"):
+    sequence_logits(model, params, tokens[:, :20])
+
+
+def test_eval_runs_on_a_sith_run(tmp_path):
+  import dataclasses
+  from lpcjax import config as C
+  base = tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=1", "train.mesh_data=1",
+                         "data.mqar_num_pairs=2", name="sith")
+  model = models.SITHConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, mlp_dim=64, num_filters=9,
+                            k=50, chunk_len=12)
+  cfg = C.ExperimentConfig(model=model, data=dataclasses.replace(base.data, seq_len=16), train=base.train,
+                           name="sith")
+  run_dir, _ = train(cfg, progress=False, devices=jax.devices()[:1])
+  result = evaluate_run(run_dir, eval_len=48, max_sequences=len(jax.devices()), progress=False)
+  assert result["family"] == "sith" and len(result["per_token_loss"]) == 48

@@ -4,7 +4,7 @@
       data.tokenizer_file=gpt2.tiktoken     # the rank file is needed only offline
   python train.py --config fox_tiny_text data.kind=tokens data.train_tokens=PREFIX data.eval_tokens=PREFIX2
 
-About 0.6 s a step on 2 CPU cores (the 50257-way output layer dominates); the Transformer
+About 0.7 s a step on 2 CPU cores (the 50257-way output layer dominates); the Transformer
 baseline: model.family=transformer.
 """
 

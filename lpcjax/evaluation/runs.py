@@ -33,9 +33,9 @@ def load_run(run_dir, mesh=None):
     mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1))
   rules = rules_from_config(config.train)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    optimizer, _ = make_optimizer(config.train)
+    optimizer = make_optimizer(config.train)
     abstract, shardings = state_shardings(model, config, optimizer, mesh, rules)
     checkpointer = Checkpointer(run_dir)
-    state = checkpointer.restore_state(abstract, shardings)
+    state = checkpointer.restore(abstract, shardings)
     checkpointer.close()
   return config, model, state.params, mesh, rules

@@ -39,21 +39,16 @@ class Checkpointer:
         state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iterator)),
         force=True)
 
-  def restore(self, abstract_state, shardings, data_iterator, step=None):
-    """Restore into ``shardings`` (any mesh: Orbax reshards) and set the iterator's position."""
+  def restore(self, abstract_state, shardings, data_iterator=None, step=None):
+    """Restore the state into ``shardings`` (any mesh: Orbax reshards) and, given the data
+    iterator, its position too (evaluation passes none). Latest step by default."""
     step = self.latest_step() if step is None else step
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           abstract_state, shardings)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), data=grain.checkpoint.CheckpointRestore(data_iterator)))
-    return restored["state"]
-
-  def restore_state(self, abstract_state, shardings, step=None):
-    """Restore only the train state (evaluation needs no data position)."""
-    step = self.latest_step() if step is None else step
-    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          abstract_state, shardings)
-    return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+    items = {"state": ocp.args.StandardRestore(target)}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
 
   def close(self):
     self.manager.wait_until_finished()

@@ -47,6 +47,31 @@ def write_json_atomic(path, obj):
   os.replace(tmp, path)
 
 
+class NonfiniteGuard:
+  """Counts non-finite steps in a row and stops the run at ``limit``. Each step's flag is read
+  one step late, after the next step is dispatched, so the host never waits for the device."""
+
+  def __init__(self, limit, on_stop):
+    self.limit, self.on_stop, self.run, self.pending = limit, on_stop, 0, None
+
+  def push(self, step, finite):
+    previous, self.pending = self.pending, (step, finite)
+    if previous is not None:
+      self._check(*previous)
+
+  def flush(self):
+    if self.pending is not None:
+      self._check(*self.pending)
+      self.pending = None
+
+  def _check(self, step, finite):
+    self.run = 0 if float(finite) else self.run + 1
+    if self.run >= self.limit:
+      latest = self.on_stop()
+      raise TrainingError(f"{self.run} non-finite losses in a row at step {step}; stopped without "
+                          f"saving (latest checkpoint: step {latest})")
+
+
 def run_directory(config, resume):
   name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
   run_dir = os.path.join(config.train.run_dir, name)
@@ -173,13 +198,13 @@ def train(config, resume=False, progress=True, devices=None):
   run_dir = run_directory(config, resume)  # after the data: bad data leaves no empty run dir
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    optimizer, _ = make_optimizer(config.train)
+    optimizer = make_optimizer(config.train)
     abstract, shardings = state_shardings(model, config, optimizer, mesh, rules)
     checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
     start = checkpointer.latest_step() if resume else None
     if start is not None:
       check_resumable(run_dir, config)
-      state = checkpointer.restore(abstract, shardings, train_data, start)
+      state = checkpointer.restore(abstract, shardings, train_data, step=start)
     else:
       start = 0
       write_json_atomic(os.path.join(run_dir, "config.json"), config_lib.to_dict(config))
@@ -191,7 +216,13 @@ def train(config, resume=False, progress=True, devices=None):
 
     total = config.train.steps
     tokens_per_step = config.data.batch_size * config.data.seq_len
-    saved_step, nonfinite_run, preempted = start, 0, False
+    saved_step, preempted = start, False
+
+    def stop_for_nonfinite():  # returns the latest checkpoint step, which stays the latest
+      checkpointer.close()
+      return saved_step
+
+    guard = NonfiniteGuard(config.train.max_nonfinite_steps, stop_for_nonfinite)
     is_main = jax.process_index() == 0
     bar = tqdm(range(start, total), initial=start, total=total, desc=config.name,
                disable=not (progress and is_main), dynamic_ncols=True)
@@ -201,14 +232,7 @@ def train(config, resume=False, progress=True, devices=None):
       for step in bar:
         state, metrics = train_fn(state, place(next(train_data)))
         done = step + 1
-        if float(metrics["finite"]) == 0.0:
-          nonfinite_run += 1
-          if nonfinite_run >= config.train.max_nonfinite_steps:
-            checkpointer.close()
-            raise TrainingError(f"{nonfinite_run} non-finite losses in a row at step {done}; stopped "
-                                f"without saving (latest checkpoint: step {saved_step})")
-        else:
-          nonfinite_run = 0
+        guard.push(done, metrics["finite"])
         if done % config.train.log_every == 0 or done == total:
           record = {"step": done, **{k: float(v) for k, v in metrics.items() if k != "count"},
                     "tokens_per_sec": (done - start) * tokens_per_step / (time.perf_counter() - clock)}
@@ -222,6 +246,7 @@ def train(config, resume=False, progress=True, devices=None):
         if stop["stop"]:
           preempted = True
           break
+      guard.flush()
       final = {"step": saved_step if preempted else total}
       if not preempted:
         final.update(run_eval())

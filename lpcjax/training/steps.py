@@ -36,7 +36,7 @@ def make_optimizer(train_cfg):
   return optax.chain(
       optax.clip_by_global_norm(train_cfg.grad_clip),
       optax.adamw(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2,
-                  weight_decay=train_cfg.weight_decay, mask=decay_mask)), schedule
+                  weight_decay=train_cfg.weight_decay, mask=decay_mask))
 
 
 def _init_model(model):
@@ -74,7 +74,7 @@ def _create(model, config, optimizer):
 
 def create_train_state(model, config, optimizer=None, shardings=None):
   """A fresh TrainState, built directly into ``shardings`` (never materialized unsharded)."""
-  optimizer = make_optimizer(config.train)[0] if optimizer is None else optimizer
+  optimizer = make_optimizer(config.train) if optimizer is None else optimizer
   return jax.jit(lambda: _create(model, config, optimizer), out_shardings=shardings)()
 
 

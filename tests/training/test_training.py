@@ -11,7 +11,7 @@ import pytest
 from lpcjax import config as C
 from lpcjax import models
 from lpcjax.losses import masked_cross_entropy
-from lpcjax.training import Checkpointer, create_train_state, decay_mask, train, train_step
+from lpcjax.training import TrainingError, create_train_state, decay_mask, has_checkpoint, train, train_step
 
 from conftest import REPO, tiny_experiment
 
@@ -106,3 +106,23 @@ def test_tensorboard_event_files(tmp_path):
                         "train.log_every=1")
   run_dir, _ = train(cfg, progress=False, devices=one_device())
   assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(run_dir, "tensorboard")))
+
+
+def test_run_stops_after_nonfinite_steps_and_saves_nothing(tmp_path):
+  import dataclasses
+  from typing import ClassVar
+
+  @dataclasses.dataclass(frozen=True)
+  class NaNConfig(models.FoXConfig):
+    family: ClassVar[str] = "nan_fox_for_tests"
+
+  nan_loss = lambda apply_fn, params, batch: (
+      jnp.nan * jax.tree.leaves(params)[0].sum(), {"loss": jnp.nan, "accuracy": 0.0, "count": 1.0})
+  if "nan_fox_for_tests" not in models.names():
+    models.register(models.Family("nan_fox_for_tests", NaNConfig, models.DecoderLM, loss=nan_loss))
+  base = tiny_experiment(tmp_path, "train.max_nonfinite_steps=3", "train.mesh_data=1", name="nan")
+  cfg = dataclasses.replace(base, model=NaNConfig(**{f.name: getattr(base.model, f.name)
+                                                     for f in dataclasses.fields(base.model)}))
+  with pytest.raises(TrainingError, match="3 non-finite losses in a row at step 3; stopped without saving"):
+    train(cfg, progress=False, devices=one_device())
+  assert not has_checkpoint(os.path.join(tmp_path, "nan"))

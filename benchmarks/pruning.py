@@ -1,11 +1,16 @@
 """How many causal tiles block skipping (prune_epsilon) removes, for random gates of several
-decay timescales. Pure bookkeeping (no attention is run): works on CPU at any T.
+decay timescales and, with --run, for the gates of a trained FoX model on real text. Pure
+bookkeeping (no skipped attention is run): works on CPU.
 
   python benchmarks/pruning.py [--seq-len 16384] [--epsilon 4.54e-5]
+  python benchmarks/pruning.py --run runs/fox --tokens data/pg_valid --trained-seq-len 16384
 
-Gates: log f_t = log sigmoid(b + 0.5 * noise) with b set so that sigmoid(b) = exp(-1/tau): a
-typical token decays by 1/e over tau steps. q and k are unit-variance normal vectors times
+Random gates: log f_t = log sigmoid(b + 0.5 * noise) with b set so that sigmoid(b) = exp(-1/tau):
+a typical token decays by 1/e over tau steps. q and k are unit-variance normal vectors times
 --qk-scale (QK-norm'd activations are O(1) per component).
+
+Trained gates: the run's model reads the first --trained-seq-len tokens of --tokens; every
+attention layer's q, k and log f are taken as they enter the kernel and scored per layer.
 """
 
 import argparse
@@ -20,7 +25,7 @@ import numpy as np
 from lpcjax.kernels.pruning import DEFAULT_EPSILON, skipped_tile_fraction
 
 
-def main():
+def parse_args():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seq-len", type=int, default=16384)
   parser.add_argument("--head-dim", type=int, default=64)
@@ -30,15 +35,24 @@ def main():
   parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
   parser.add_argument("--qk-scale", type=float, default=1.0)
   parser.add_argument("--timescales", type=float, nargs="+", default=[2, 32, 512, 8192, 131072])
+  parser.add_argument("--run", help="a FoX run directory (train.py) whose gates to score")
+  parser.add_argument("--tokens", help="token file prefix (python -m lpcjax.data) for --run")
+  parser.add_argument("--trained-seq-len", type=int, default=16384)
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "pruning.json"))
   args = parser.parse_args()
+  if bool(args.run) != bool(args.tokens):
+    parser.error("--run and --tokens go together")
+  return args
 
+
+def random_gate_rows(args):
   rng = np.random.default_rng(0)
   shape = (1, args.seq_len, args.heads, args.head_dim)
   q = jnp.asarray(rng.normal(size=shape) * args.qk_scale, jnp.float32)
   k = jnp.asarray(rng.normal(size=shape) * args.qk_scale, jnp.float32)
   rows = []
-  print(f"T={args.seq_len} D={args.head_dim} blocks {args.block_q}x{args.block_k} epsilon={args.epsilon:.3g}")
+  print(f"random gates: T={args.seq_len} D={args.head_dim} blocks {args.block_q}x{args.block_k} "
+        f"epsilon={args.epsilon:.3g}")
   print(f"{'tau':>9} {'skipped tiles':>14}")
   for tau in args.timescales:
     p = math.exp(-1 / tau)
@@ -48,8 +62,69 @@ def main():
                                      epsilon=args.epsilon)
     rows.append({"tau": tau, "skipped_fraction": fraction})
     print(f"{tau:>9g} {fraction:>14.3f}")
-  with open(args.out, "w") as f:
-    json.dump({**vars(args), "rows": rows}, f, indent=2)
+  return rows
+
+
+def attention_inputs(run_dir, tokens_prefix, seq_len):
+  """[(q, k, log_f)] per attention layer of the run's model reading seq_len real tokens."""
+  from lpcjax.data.prepare import load_token_file
+  from lpcjax.evaluation.runs import load_run
+  from lpcjax.layers import attention
+
+  config, model, params, _, _ = load_run(run_dir)
+  if config.model.family != "fox":
+    raise SystemExit(f"error: {run_dir} is a {config.model.family!r} run; pruning needs FoX gates")
+  tokens, _ = load_token_file(tokens_prefix)
+  if len(tokens) < seq_len:
+    raise SystemExit(f"error: {tokens_prefix} has {len(tokens)} tokens, fewer than {seq_len}")
+  captured = []
+  exact = attention.forgetting_attention
+
+  def capturing(q, k, v, log_fgate, **options):
+    # Inside the model's layer scan: hand each layer's inputs to the host as they are computed.
+    jax.debug.callback(lambda *xs: captured.append([np.asarray(x) for x in xs]), q, k, log_fgate)
+    return exact(q, k, v, log_fgate, **options)
+
+  attention.forgetting_attention = capturing
+  try:
+    inputs = jnp.asarray(np.asarray(tokens[:seq_len], np.int32)[None])
+    jax.block_until_ready(model.apply({"params": params}, inputs))
+  finally:
+    attention.forgetting_attention = exact
+  return captured
+
+
+def trained_gate_rows(args):
+  layers = attention_inputs(args.run, args.tokens, args.trained_seq_len)
+  print(f"trained gates ({args.run}): T={args.trained_seq_len} blocks {args.block_q}x{args.block_k} "
+        f"epsilon={args.epsilon:.3g}")
+  print(f"{'layer':>5} {'median 1/(1-f) per head':>24} {'skipped tiles per head':>28} {'mean':>8}")
+  rows = []
+  for layer, (q, k, log_f) in enumerate(layers):
+    per_head = [skipped_tile_fraction(jnp.asarray(q[:, :, h:h + 1], jnp.float32),
+                                      jnp.asarray(k[:, :, h:h + 1], jnp.float32),
+                                      jnp.asarray(log_f[:, :, h:h + 1]), block_q=args.block_q,
+                                      block_k=args.block_k, epsilon=args.epsilon)
+                for h in range(q.shape[2])]
+    timescales = np.median(-1.0 / np.expm1(np.minimum(log_f, -1e-9)), axis=(0, 1))  # 1 / (1 - f)
+    rows.append({"layer": layer, "median_timescale_per_head": timescales.tolist(),
+                 "skipped_fraction_per_head": per_head, "skipped_fraction": float(np.mean(per_head))})
+    print(f"{layer:>5} {' '.join(f'{t:.1f}' for t in timescales):>24} "
+          f"{' '.join(f'{f:.3f}' for f in per_head):>28} {np.mean(per_head):>8.3f}")
+  overall = float(np.mean([row["skipped_fraction"] for row in rows]))
+  print(f"{'all':>5} {'':>24} {'':>28} {overall:>8.3f}")
+  return rows
+
+
+def main():
+  args = parse_args()
+  result = {**vars(args), "rows": random_gate_rows(args)}
+  if args.run:
+    result["trained_rows"] = trained_gate_rows(args)
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out + ".tmp", "w") as f:
+    json.dump(result, f, indent=2)
+  os.replace(args.out + ".tmp", args.out)
   print(f"wrote {args.out}")
 
 

@@ -8,7 +8,9 @@ Same algorithm as the blockwise XLA backend, as three kernels with no [T, T] arr
   down; dc_j = -sum_i dS_ij (column sums of dS);
 * dQ, one program per (query block, batch, head).
 
-d log_fgate is then the reverse cumsum of dc, outside the kernels. No atomics are needed.
+d log_fgate is then the reverse cumsum of dc, outside the kernels. No atomics are needed. Each
+sweep runs in two loops: tiles wholly on one side of the causal diagonal skip the position
+compare (and are the only ones pruning may skip); tiles that cross it are masked.
 Logits are kept in base-2 units (scaled by log2 e) so the exponentials are exp2, which Triton
 maps to the fast hardware instruction; the decay bias c_i - c_j is formed per tile from the
 float32 cumsum c, already scaled by log2 e. q, k, v and o stay in the caller's
@@ -49,6 +51,17 @@ def default_block_sizes(head_dim):
                     block_q_dq=128, block_k_dq=128)
 
 
+def _dot(a, b):
+  """a @ b accumulated in float32. float32 inputs multiply in IEEE float32 (Triton would use
+  TF32 by default); bf16/fp16 inputs are unaffected by the precision flag."""
+  return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+
+
+def _on_gpu():
+  """Whether un-interpreted kernels can run here (tests patch this to lower for CUDA on CPU)."""
+  return jax.default_backend() == "gpu"
+
+
 def _compiler_params(head_dim, kernel):
   if plgpu is None:
     return None
@@ -58,12 +71,18 @@ def _compiler_params(head_dim, kernel):
   return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
 
 
-def _tile_logits2(q, k, c_q, c_k, seg_q, seg_k, q_start, k_start, scale2):
-  """Base-2 logits of one tile, -inf where masked: (scale q.k + c_i - c_j) * log2 e."""
-  s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale2 + c_q[:, None] - c_k[None, :]
-  q_pos = q_start + jnp.arange(q.shape[0])
-  k_pos = k_start + jnp.arange(k.shape[0])
-  mask = (q_pos[:, None] >= k_pos[None, :]) & (seg_q[:, None] == seg_k[None, :])
+def _tile_logits2(q, k, c_q, c_k, seg_q, seg_k, q_start, k_start, scale2, causal):
+  """Base-2 logits of one tile, -inf where masked: (scale q.k + c_i - c_j) * log2 e.
+
+  Only tiles that cross the diagonal (``causal``) compare positions; the others lie wholly left
+  of it and mask only across segments.
+  """
+  s = _dot(q, k.T) * scale2 + c_q[:, None] - c_k[None, :]
+  mask = seg_q[:, None] == seg_k[None, :]
+  if causal:
+    q_pos = q_start + jnp.arange(q.shape[0])
+    k_pos = k_start + jnp.arange(k.shape[0])
+    mask = mask & (q_pos[:, None] >= k_pos[None, :])
   return jnp.where(mask, s, -jnp.inf)
 
 
@@ -72,32 +91,52 @@ def _threshold(thr_ref, prune):
   return jnp.max(thr_ref[...]) if prune else None
 
 
+def _block_loop(tile, c_ref, block, lo, hi, carry, *, causal, thr=None, tile_gates=None):
+  """``carry = tile(start, block slice, c of the block, causal, carry)`` over blocks [lo, hi) of
+  the side that moves. With a pruning threshold, ``tile_gates(c of the block)`` gives the tile's
+  (c of its rows, c of its columns) and a tile that may be skipped is."""
+  def body(i, carry):
+    rows = pl.ds(i * block, block)
+    c_block = c_ref[rows]
+    compute = lambda carry: tile(i * block, rows, c_block, causal, carry)
+    if thr is None:
+      return compute(carry)
+    return unless_skipped(thr, *tile_gates(c_block), compute, carry)
+  return lax.fori_loop(lo, hi, body, carry)
+
+
+def _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, carry):
+  """The key blocks of one query block: [0, q_start // bk) lie wholly left of the diagonal (no
+  causal mask, may be pruned); the rest, up to the block's last query, cross it (masked, never
+  pruned: see pruning.py)."""
+  first_crossing = lax.div(q_start, bk)
+  carry = _block_loop(tile, c_ref, bk, 0, first_crossing, carry, causal=False, thr=thr,
+                      tile_gates=lambda c_k: (c_q, c_k))
+  return _block_loop(tile, c_ref, bk, first_crossing, lax.div(q_start + bq + bk - 1, bk), carry,
+                     causal=True)
+
+
 def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref, *, scale2, bq, bk, prune):
   q_start = pl.program_id(0) * bq
   q = q_ref[...]
   c_q, seg_q = c_ref[pl.ds(q_start, bq)], seg_ref[pl.ds(q_start, bq)]
   thr = _threshold(thr_ref, prune)
 
-  def body(j, carry):
-    keys = pl.ds(j * bk, bk)
-    c_k = c_ref[keys]
-    return unless_skipped(thr, c_q, c_k, lambda carry: tile(j * bk, keys, c_k, carry), carry)
-
-  def tile(k_start, keys, c_k, carry):
+  def tile(k_start, keys, c_k, causal, carry):
     m, l, acc = carry
-    s = _tile_logits2(q, k_ref[keys, :], c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2)
+    s = _tile_logits2(q, k_ref[keys, :], c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2,
+                      causal)
     m_new = jnp.maximum(m, s.max(axis=-1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows fully masked so far stay at zero
     p = jnp.exp2(s - m_safe[:, None])
     alpha = jnp.exp2(m - m_safe)
     v = v_ref[keys, :]
-    pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    pv = _dot(p.astype(v.dtype), v)
     return m_new, alpha * l + p.sum(axis=-1), alpha[:, None] * acc + pv
 
   init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
           jnp.zeros(q.shape, jnp.float32))
-  num_k_blocks = lax.div(q_start + bq + bk - 1, bk)  # causal: nothing right of the diagonal
-  m, l, acc = lax.fori_loop(0, num_k_blocks, body, init)
+  m, l, acc = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, init)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log2(l)  # base 2; every real row has l >= 1
 
@@ -109,26 +148,26 @@ def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, d
   c_k, seg_k = c_ref[pl.ds(k_start, bk)], seg_ref[pl.ds(k_start, bk)]
   thr = _threshold(thr_ref, prune)
 
-  def body(i, carry):
-    rows = pl.ds(i * bq, bq)
-    c_q = c_ref[rows]
-    return unless_skipped(thr, c_q, c_k, lambda carry: tile(i * bq, rows, c_q, carry), carry)
-
-  def tile(q_start, rows, c_q, carry):
+  def tile(q_start, rows, c_q, causal, carry):
     dk, dv, dc = carry
     q, do = q_ref[rows, :], do_ref[rows, :]
-    s = _tile_logits2(q, k, c_q, c_k, seg_ref[rows], seg_k, q_start, k_start, scale2)
+    s = _tile_logits2(q, k, c_q, c_k, seg_ref[rows], seg_k, q_start, k_start, scale2, causal)
     p = jnp.exp2(s - lse_ref[rows][:, None])
-    dv = dv + jnp.dot(p.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
-    dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
+    dv = dv + _dot(p.astype(do.dtype).T, do)
+    dp = _dot(do, v.T)
     ds = p * (dp - delta_ref[rows][:, None])
-    dk = dk + jnp.dot(ds.astype(q.dtype).T, q, preferred_element_type=jnp.float32)
+    dk = dk + _dot(ds.astype(q.dtype).T, q)
     return dk, dv, dc - ds.sum(axis=0)
 
+  # Query blocks above the diagonal see nothing of this key block; those from
+  # ceil((k_start + bk) / bq) on lie wholly below it (no causal mask, may be pruned).
+  num_q_blocks = seq_len // bq
+  first_below = jnp.minimum(lax.div(k_start + bk + bq - 1, bq), num_q_blocks)
   zeros = jnp.zeros(k.shape, jnp.float32)
-  first_q_block = lax.div(k_start, bq)  # query blocks above the diagonal see nothing here
-  dk, dv, dc = lax.fori_loop(first_q_block, seq_len // bq, body,
-                             (zeros, zeros, jnp.zeros((bk,), jnp.float32)))
+  carry = _block_loop(tile, c_ref, bq, lax.div(k_start, bq), first_below,
+                      (zeros, zeros, jnp.zeros((bk,), jnp.float32)), causal=True)
+  dk, dv, dc = _block_loop(tile, c_ref, bq, first_below, num_q_blocks, carry, causal=False,
+                           thr=thr, tile_gates=lambda c_q: (c_q, c_k))
   dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
   dc_ref[...] = dc
@@ -141,21 +180,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, de
   c_q, seg_q = c_ref[pl.ds(q_start, bq)], seg_ref[pl.ds(q_start, bq)]
   thr = _threshold(thr_ref, prune)
 
-  def body(j, dq):
-    keys = pl.ds(j * bk, bk)
-    c_k = c_ref[keys]
-    return unless_skipped(thr, c_q, c_k, lambda dq: tile(j * bk, keys, c_k, dq), dq)
-
-  def tile(k_start, keys, c_k, dq):
+  def tile(k_start, keys, c_k, causal, dq):
     k = k_ref[keys, :]
-    s = _tile_logits2(q, k, c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2)
+    s = _tile_logits2(q, k, c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2, causal)
     p = jnp.exp2(s - lse[:, None])
-    dp = jnp.dot(do, v_ref[keys, :].T, preferred_element_type=jnp.float32)
+    dp = _dot(do, v_ref[keys, :].T)
     ds = p * (dp - delta[:, None])
-    return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+    return dq + _dot(ds.astype(k.dtype), k)
 
-  num_k_blocks = lax.div(q_start + bq + bk - 1, bk)
-  dq = lax.fori_loop(0, num_k_blocks, body, jnp.zeros(q.shape, jnp.float32))
+  dq = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
 
 
@@ -262,7 +295,7 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   if head_dim not in SUPPORTED_HEAD_DIMS:
     raise ValueError(f"forgetting_attention: impl='pallas' supports head_dim in {SUPPORTED_HEAD_DIMS}, "
                      f"got {head_dim}")
-  if not interpret and jax.default_backend() != "gpu":
+  if not interpret and not _on_gpu():
     raise ValueError("forgetting_attention: impl='pallas' needs a GPU; on CPU pass interpret=True "
                      "(slow, for tests) or use impl='xla'")
   sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)

@@ -5,6 +5,9 @@ import pathlib
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+# On GPUs float32 matmuls default to TF32; the tests compare float32 results to ~1e-5.
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -89,7 +89,8 @@ class ForgettingAttention(nn.Module):
       log_fgate = jnp.zeros(x.shape[:2] + (heads,), jnp.float32)
     else:
       log_fgate = ForgetGate(cfg, name="forget_gate")(x)
-    options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks)
+    options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks,
+                   prune_epsilon=getattr(cfg, "prune_epsilon", None))  # FoX configs only
     # checkify (debug_checks) cannot transform shard_map: debug runs leave attention to GSPMD.
     placement = None if cfg.debug_checks else attention_mesh_axes(x.shape[0], heads)
     if placement is None:

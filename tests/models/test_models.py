@@ -108,3 +108,22 @@ def test_fox_760m_matches_paper_parameter_count(block, expected_millions):
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
   count = _count(nn.meta.unbox(shapes)) / 1e6
   assert abs(count - expected_millions) < 2, count
+
+
+def test_fox_prune_epsilon_reaches_the_kernel(monkeypatch):
+  from lpcjax.layers import attention
+  seen, exact_op = [], attention.forgetting_attention
+
+  def spy(*args, **kwargs):
+    seen.append(kwargs["prune_epsilon"])
+    return exact_op(*args, **kwargs)
+
+  monkeypatch.setattr(attention, "forgetting_attention", spy)
+  model, params = build("fox")
+  tokens = jnp.arange(512).reshape(1, 512) % 50  # four 128-blocks: far tiles decay away
+  exact = model.apply(params, tokens)
+  pruned = models.get("fox").build(dataclasses.replace(model.config, prune_epsilon=1e-6))
+  np.testing.assert_allclose(pruned.apply(params, tokens), exact, atol=1e-4)
+  assert seen[-1] == 1e-6 and seen[0] is None
+  with pytest.raises(ValueError, match="model.prune_epsilon"):
+    dataclasses.replace(model.config, prune_epsilon=2.0)

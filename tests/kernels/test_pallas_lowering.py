@@ -1,0 +1,95 @@
+"""The Pallas kernels lower through Pallas-Triton for an NVIDIA GPU, checked on any machine.
+
+Interpret mode (the backend tests) runs the kernels' jaxpr on the CPU; it never meets the
+Triton lowering, which rejects what a GPU cannot do (unsupported primitives, array shapes that
+are not powers of two, scalar/vector mixing). Lowering for the "cuda" platform needs no GPU, so
+these tests run that translation in CI for every head dim, dtype, and with pruning, segments
+and padding. The target is an abstract H200 (JAX >= 0.11 reads the GPU generation from the
+mesh's device). benchmarks/triton_compile.py goes on to PTX and machine code.
+"""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+
+from lpcjax.kernels import forgetting_attention, pallas_gpu
+
+
+def target_gpu():
+  """A context in which lowering targets an H200, where this JAX lets one say so."""
+  if not hasattr(jax.sharding, "AbstractDevice"):
+    return contextlib.nullcontext()
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), (jax.sharding.AxisType.Explicit,),
+                                   abstract_device=device)
+  return jax.sharding.use_abstract_mesh(mesh)
+
+
+def lower_for_cuda(fn, *args):
+  with target_gpu():
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _lowering_unavailable():
+  """Why this JAX cannot lower a trivial Pallas-Triton kernel for CUDA here, or None."""
+  if pallas_gpu.plgpu is None:
+    return "jax.experimental.pallas.triton is missing"
+  def copy(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+  probe = lambda x: pl.pallas_call(copy, out_shape=x, compiler_params=pallas_gpu.plgpu.CompilerParams())(x)
+  try:
+    lower_for_cuda(probe, jax.ShapeDtypeStruct((16, 16), jnp.float32))
+  except Exception as error:  # noqa: BLE001 - any failure here is the environment's, not ours
+    return f"this JAX cannot lower Pallas-Triton for CUDA here: {type(error).__name__}: {error}"[:300]
+  return None
+
+
+_UNAVAILABLE = _lowering_unavailable()
+pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=str(_UNAVAILABLE))
+
+
+@pytest.fixture(autouse=True)
+def pretend_gpu(monkeypatch):
+  # The backend refuses un-interpreted calls off-GPU; here nothing runs, it only lowers.
+  monkeypatch.setattr(pallas_gpu, "_on_gpu", lambda: True)
+
+
+def loss_and_grads(prune_epsilon=None, segments=False):
+  def loss(q, k, v, log_f, seg):
+    o = forgetting_attention(q, k, v, log_f, segment_ids=seg if segments else None, impl="pallas",
+                             prune_epsilon=prune_epsilon)
+    return jnp.sum(o.astype(jnp.float32))
+  return jax.grad(loss, argnums=(0, 1, 2, 3))
+
+
+def specs(seq_len, head_dim, dtype, batch=1, heads=2):
+  qkv = jax.ShapeDtypeStruct((batch, seq_len, heads, head_dim), dtype)
+  return (qkv, qkv, qkv, jax.ShapeDtypeStruct((batch, seq_len, heads), jnp.float32),
+          jax.ShapeDtypeStruct((batch, seq_len), jnp.int32))
+
+
+def triton_kernel_count(text):
+  return text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call")
+
+
+@pytest.mark.parametrize("head_dim", pallas_gpu.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_forward_and_backward_lower(head_dim, dtype):
+  text = lower_for_cuda(loss_and_grads(), *specs(256, head_dim, dtype))
+  assert triton_kernel_count(text) == 3  # forward, dK/dV/dc, dQ
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_pruning_segments_and_padding_lower(head_dim):
+  # 200 is not a multiple of any block; pruning adds a lax.cond inside every key-block loop.
+  text = lower_for_cuda(loss_and_grads(prune_epsilon=1e-4, segments=True),
+                        *specs(200, head_dim, jnp.bfloat16))
+  assert triton_kernel_count(text) == 3
+
+
+def test_unsupported_head_dim_is_refused():
+  with pytest.raises(ValueError, match="head_dim"):
+    lower_for_cuda(loss_and_grads(), *specs(64, 48, jnp.bfloat16))

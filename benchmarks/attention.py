@@ -8,7 +8,7 @@ outputs of forward+backward). Ratios between rows come from the same run.
 Candidates: lpcjax pallas / xla / reference backends; ``dot_product_attention_bias``:
 jax.nn.dot_product_attention with the decay bias materialized as a [B, H, T, T] array (cuDNN
 where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal flash attention without any bias
-(the cost floor the forget gate is measured against). GPU-only candidates are skipped on CPU.
+and with the same tiles (the cost floor the forget gate is measured against). GPU-only candidates are skipped on CPU.
 
   python benchmarks/attention.py                       # GPU: T = 1k..32k, D = 64, 128, bf16
   python benchmarks/attention.py --seq-lens 256 512 --head-dims 64 --batch-tokens 1024 --dtype float32
@@ -48,9 +48,20 @@ def dot_product_attention_bias(q, k, v, log_f):
 
 
 def pallas_mha_nobias(q, k, v, log_f):
+  """JAX's Pallas flash attention with lpcjax's own tiles where it allows them (its defaults use
+  32 x 32 backward tiles, which would flatter the comparison). Its fused backward walks key
+  blocks for dK/dV and query blocks for dQ on one grid, so its dQ query tile must equal the
+  dK/dV key tile."""
   del log_f
   from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-  return pallas_attention.mha(q, k, v, segment_ids=None, causal=True, sm_scale=q.shape[-1] ** -0.5)
+
+  from lpcjax.kernels.pallas_gpu import default_block_sizes
+  ours = default_block_sizes(q.shape[-1])
+  tiles = pallas_attention.BlockSizes(
+      block_q=ours.block_q, block_k=ours.block_k, block_q_dkv=ours.block_q_dkv,
+      block_kv_dkv=ours.block_k_dkv, block_q_dq=ours.block_k_dkv, block_kv_dq=ours.block_k_dq)
+  return pallas_attention.mha(q, k, v, segment_ids=None, causal=True, sm_scale=q.shape[-1] ** -0.5,
+                              block_sizes=tiles)
 
 
 CANDIDATES = {

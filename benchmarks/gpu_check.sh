@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One prepared GPU session, at most about 9.5 minutes (its timeouts): the kernel tests compiled (not
-# interpreted), then the benchmarks, the targets first. Logs and JSON go to $OUT (or
+# One prepared GPU session, at most about 9.5 minutes (its timeouts): the kernel tests
+# compiled (not interpreted), then the benchmarks, the targets first. Logs and JSON go to $OUT (or
 # benchmarks/results/); each benchmark writes its JSON after every row, so a timeout keeps
 # what was measured.
 #   here, once:  bash benchmarks/gpu_wheels.sh     # packages the device lacks -> .whl/

@@ -8,7 +8,8 @@ outputs of forward+backward). Ratios between rows come from the same run.
 Candidates: lpcjax pallas / xla / reference backends; ``dot_product_attention_bias``:
 jax.nn.dot_product_attention with the decay bias materialized as a [B, H, T, T] array (cuDNN
 where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal flash attention without any bias
-and with the same tiles (the cost floor the forget gate is measured against). GPU-only candidates are skipped on CPU.
+and with lpcjax's tiles where it allows them, its own warps and stages (the cost floor the
+forget gate is measured against). GPU-only candidates are skipped on CPU.
 
   python benchmarks/attention.py                       # GPU: T = 1k..32k, D = 64, 128, bf16
   python benchmarks/attention.py --seq-lens 256 512 --head-dims 64 --batch-tokens 1024 --dtype float32

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One prepared GPU session, at most about 9.5 minutes (its timeouts): the kernel tests
-# compiled (not interpreted), then the benchmarks, the issue's targets first. Logs and JSON go to $OUT (or
-# benchmarks/results/); each benchmark writes its JSON after every row, so a timeout keeps
-# what was measured.
+# compiled (not interpreted), then the benchmarks, the issue's targets first. Logs and JSON go
+# to $OUT (or benchmarks/results/). attention.py writes its JSON after every row, so a timeout
+# keeps what it measured; train_step.py writes once, at its end.
 #   here, once:  bash benchmarks/gpu_wheels.sh     # packages the device lacks -> .whl/
 #   device:      bash benchmarks/gpu_check.sh      # (carry .whl)
 set -uo pipefail
+cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -22,8 +23,8 @@ timeout 150 $py -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -40 >
 tail -3 "$out/gpu_tests.log"
 timeout 150 $py benchmarks/attention.py --seq-lens 16384 \
   --impls pallas pallas_mha_nobias xla dot_product_attention_bias --out "$out/attention_gpu_16k.json"
-timeout 180 $py benchmarks/attention.py --seq-lens 1024 2048 4096 8192 32768 \
+timeout 120 $py benchmarks/attention.py --seq-lens 1024 2048 4096 8192 32768 \
   --impls pallas pallas_mha_nobias xla reference --out "$out/attention_gpu.json"
-timeout 60 $py benchmarks/train_step.py --config paper:fox_pro_125m \
-  --set data.seq_len=4096 data.batch_size=8 --families fox transformer --steps 10 --rounds 2 \
+timeout 120 $py benchmarks/train_step.py --config paper:fox_pro_125m \
+  --set data.seq_len=4096 data.batch_size=8 --families fox transformer --steps 5 --rounds 2 \
   --peak-tflops 989 --out "$out/train_step_gpu.json"

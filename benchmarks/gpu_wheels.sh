@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run here, once, before a device session: downloads into .whl/ the packages lpcjax needs that
 # the H200 machine's image lacks (grain and its missing dependencies), for its Python 3.12.
-# The device has no network; benchmarks/gpu_check.sh installs whatever .whl/ holds.
+# The device has no network; benchmarks/gpu_check.sh installs whatever .whl/ holds (.gitignore
+# keeps .whl/ out of the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \

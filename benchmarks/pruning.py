@@ -3,13 +3,13 @@ decay timescales and, with --run, for the gates of a trained FoX model on real t
 bookkeeping (no skipped attention is run): works on CPU.
 
   python benchmarks/pruning.py [--seq-len 16384] [--epsilon 4.54e-5]
-  python benchmarks/pruning.py --run runs/fox --tokens data/pg_valid --trained-seq-len 16384
+  python benchmarks/pruning.py --run runs/fox --tokens data/pg_valid --eval-len 16384
 
 Random gates: log f_t = log sigmoid(b + 0.5 * noise) with b set so that sigmoid(b) = exp(-1/tau):
 a typical token decays by 1/e over tau steps. q and k are unit-variance normal vectors times
 --qk-scale (QK-norm'd activations are O(1) per component).
 
-Trained gates: the run's model reads the first --trained-seq-len tokens of --tokens; every
+Trained gates: the run's model reads the first --eval-len tokens of --tokens; every
 attention layer's q, k and log f are taken as they enter the kernel and scored per layer.
 """
 
@@ -37,7 +37,7 @@ def parse_args():
   parser.add_argument("--timescales", type=float, nargs="+", default=[2, 32, 512, 8192, 131072])
   parser.add_argument("--run", help="a FoX run directory (train.py) whose gates to score")
   parser.add_argument("--tokens", help="token file prefix (python -m lpcjax.data) for --run")
-  parser.add_argument("--trained-seq-len", type=int, default=16384)
+  parser.add_argument("--eval-len", type=int, default=16384, help="tokens the --run model reads")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "pruning.json"))
   args = parser.parse_args()
   if bool(args.run) != bool(args.tokens):
@@ -82,7 +82,8 @@ def attention_inputs(run_dir, tokens_prefix, seq_len):
 
   def capturing(q, k, v, log_fgate, **options):
     # Inside the model's layer scan: hand each layer's inputs to the host as they are computed.
-    jax.debug.callback(lambda *xs: captured.append([np.asarray(x) for x in xs]), q, k, log_fgate)
+    jax.debug.callback(lambda *xs: captured.append([np.asarray(x) for x in xs]), q, k, log_fgate,
+                       ordered=True)  # layer order
     return exact(q, k, v, log_fgate, **options)
 
   attention.forgetting_attention = capturing
@@ -95,8 +96,8 @@ def attention_inputs(run_dir, tokens_prefix, seq_len):
 
 
 def trained_gate_rows(args):
-  layers = attention_inputs(args.run, args.tokens, args.trained_seq_len)
-  print(f"trained gates ({args.run}): T={args.trained_seq_len} blocks {args.block_q}x{args.block_k} "
+  layers = attention_inputs(args.run, args.tokens, args.eval_len)
+  print(f"trained gates ({args.run}): T={args.eval_len} blocks {args.block_q}x{args.block_k} "
         f"epsilon={args.epsilon:.3g}")
   print(f"{'layer':>5} {'median 1/(1-f) per head':>24} {'skipped tiles per head':>28} {'mean':>8}")
   rows = []

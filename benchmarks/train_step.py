@@ -93,9 +93,11 @@ def main():
     ratio = rows[0]["step_ms"] / rows[1]["step_ms"]
     print(f"step time {rows[0]['family']} / {rows[1]['family']}: {ratio:.2f}")
   out = args.out or os.path.join(os.path.dirname(__file__), "results", f"train_step_{jax.default_backend()}.json")
-  with open(out, "w") as f:
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out + ".tmp", "w") as f:
     json.dump({"device": device, "jax_version": jax.__version__, "python": platform.python_version(),
                "config": args.config, "overrides": args.set, "peak_tflops": peak, "rows": rows}, f, indent=2)
+  os.replace(out + ".tmp", out)
   print(f"wrote {out}")
 
 

@@ -160,9 +160,10 @@ def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, d
     return dk, dv, dc - ds.sum(axis=0)
 
   # Query blocks above the diagonal see nothing of this key block; those from
-  # ceil((k_start + bk) / bq) on lie wholly below it (no causal mask, may be pruned).
+  # ceil((k_start + bk) / bq) on lie wholly below it (no causal mask, may be pruned). The padded
+  # length is a multiple of every block size, so that index is at most seq_len // bq.
   num_q_blocks = seq_len // bq
-  first_below = jnp.minimum(lax.div(k_start + bk + bq - 1, bq), num_q_blocks)
+  first_below = lax.div(k_start + bk + bq - 1, bq)
   zeros = jnp.zeros(k.shape, jnp.float32)
   carry = _block_loop(tile, c_ref, bq, lax.div(k_start, bq), first_below,
                       (zeros, zeros, jnp.zeros((bk,), jnp.float32)), causal=True)

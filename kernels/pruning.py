@@ -13,7 +13,9 @@ all skipped keys (fewer than T of them) is below epsilon whenever every skipped 
 
 Skipping renormalizes the row over the kept keys; with W < epsilon the skipped weight, each
 output component moves by at most W * (max v - min v) < 2 * epsilon * max|v|. The backward
-pass skips the same tiles, so gradients are exact for the pruned function. A tile that
+passes skip tiles by the same rule; with the same tile sizes as the forward they skip the same
+tiles (gradients exact for the pruned function), with their own sizes they skip a slightly
+different set, each weight they drop again below epsilon. A tile that
 contains a diagonal element is never skipped (there max_I c - min_J c >= 0 > delta).
 """
 

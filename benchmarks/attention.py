@@ -16,7 +16,6 @@ forget gate is measured against). GPU-only candidates are skipped on CPU.
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpcjax.files import write_json_atomic
 from lpcjax.kernels import forgetting_attention
 
 REFERENCE_LIMIT_BYTES = 8 * 2**30  # the reference's [B, H, T, T] float32 logits must fit this
@@ -127,7 +127,6 @@ def main():
   args = parser.parse_args()
 
   out = args.out or os.path.join(os.path.dirname(__file__), "results", f"attention_{jax.default_backend()}.json")
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   rows = []
   header = f"{'D':>4} {'T':>6} {'candidate':>28} {'fwd ms':>9} {'fwd TF/s':>9} {'f+b ms':>9} {'f+b TF/s':>9} {'mem MiB':>9}"
   print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  dtype {args.dtype}")
@@ -145,17 +144,12 @@ def main():
                 f"{result['memory_bytes'] / 2**20:>9.1f}")
         else:
           print(f"{head_dim:>4} {seq_len:>6} {name:>28}   {result.get('skipped') or result.get('error')}")
-        write_json(out, args, rows)  # after every row: a run cut short keeps what it measured
+        # After every row: a run cut short keeps what it measured.
+        write_json_atomic(out, {
+            "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+            "jax_version": jax.__version__, "python": platform.python_version(), "dtype": args.dtype,
+            "flops": "causal: forward 0.5*4*B*H*T^2*D, forward+backward 3.5x forward", "rows": rows})
   print(f"wrote {out}")
-
-
-def write_json(path, args, rows):
-  with open(path + ".tmp", "w") as f:
-    json.dump({"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-               "jax_version": jax.__version__, "python": platform.python_version(), "dtype": args.dtype,
-               "flops": "causal: forward 0.5*4*B*H*T^2*D, forward+backward 3.5x forward",
-               "rows": rows}, f, indent=2)
-  os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ for any T. Prints a table and writes JSON.
 """
 
 import argparse
-import json
 import os
 import platform
 
 import jax
 import jax.numpy as jnp
 
+from lpcjax.files import write_json_atomic
 from lpcjax.kernels import forgetting_attention
 
 
@@ -53,9 +53,7 @@ def main():
             "shape": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "dtype": args.dtype},
             "what": "compiled temp bytes of value_and_grad(sum(forgetting_attention))", "rows": rows}
   out = args.out or os.path.join(os.path.dirname(__file__), "results", f"attention_memory_{jax.default_backend()}.json")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  with open(out, "w") as f:
-    json.dump(result, f, indent=2)
+  write_json_atomic(out, result)
   print(f"wrote {out}")
 
 

@@ -14,7 +14,6 @@ attention layer's q, k and log f are taken as they enter the kernel and scored p
 """
 
 import argparse
-import json
 import math
 import os
 
@@ -22,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpcjax.files import write_json_atomic
 from lpcjax.kernels.pruning import DEFAULT_EPSILON, skipped_tile_fraction
 
 
@@ -122,10 +122,7 @@ def main():
   result = {**vars(args), "rows": random_gate_rows(args)}
   if args.run:
     result["trained_rows"] = trained_gate_rows(args)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out + ".tmp", "w") as f:
-    json.dump(result, f, indent=2)
-  os.replace(args.out + ".tmp", args.out)
+  write_json_atomic(args.out, result)
   print(f"wrote {args.out}")
 
 

@@ -12,7 +12,6 @@ known for H100/H200 (989 TFLOP/s dense bf16), else give --peak-tflops.
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -24,6 +23,7 @@ import numpy as np
 
 from lpcjax import config as config_lib
 from lpcjax import models
+from lpcjax.files import write_json_atomic
 from lpcjax.training import create_train_state, train_step
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
@@ -93,11 +93,9 @@ def main():
     ratio = rows[0]["step_ms"] / rows[1]["step_ms"]
     print(f"step time {rows[0]['family']} / {rows[1]['family']}: {ratio:.2f}")
   out = args.out or os.path.join(os.path.dirname(__file__), "results", f"train_step_{jax.default_backend()}.json")
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out + ".tmp", "w") as f:
-    json.dump({"device": device, "jax_version": jax.__version__, "python": platform.python_version(),
-               "config": args.config, "overrides": args.set, "peak_tflops": peak, "rows": rows}, f, indent=2)
-  os.replace(out + ".tmp", out)
+  write_json_atomic(out, {"device": device, "jax_version": jax.__version__,
+                          "python": platform.python_version(), "config": args.config,
+                          "overrides": args.set, "peak_tflops": peak, "rows": rows})
   print(f"wrote {out}")
 
 

@@ -18,7 +18,6 @@ compiles the kernels when the program is compiled, which needs a GPU).
 
 import argparse
 import glob
-import json
 import os
 import re
 import shutil
@@ -99,6 +98,7 @@ def main():
   import jax
   import jax.numpy as jnp
   from jax._src.lib import triton as jaxlib_triton
+  from lpcjax.files import write_json_atomic
   from lpcjax.kernels import forgetting_attention, pallas_gpu
 
   jax.devices()  # discovers the CUDA plugin, which registers the Triton compiler
@@ -118,7 +118,7 @@ def main():
     return result
 
   jaxlib_triton._compilation_handlers["CUDA"] = recording_handler  # newer jaxlib compiles here
-  pallas_gpu._on_gpu = lambda: True  # lowering only; nothing runs
+  pallas_gpu.on_gpu = lambda: True  # lowering only; nothing runs
   ptxas = find_ptxas(args.ptxas)
   rows = []
   print(f"jax {jax.__version__}, compute capability {args.arch}, ptxas: {ptxas or 'not found'}")
@@ -153,11 +153,8 @@ def main():
                 f"{warps:>5} {stages:>6} {result.smem_bytes / 1024:>8.1f} "
                 f"{row.get('registers', '-'):>4} {spill:>7} {row['wgmma']!s:>5}"
                 + ("  EXCEEDS SHARED MEMORY" if row["fits_smem"] is False else ""))
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out + ".tmp", "w") as f:
-    json.dump({"jax": jax.__version__, "arch": args.arch, "seq_len": args.seq_len,
-               "ptxas": bool(ptxas), "rows": rows}, f, indent=2)
-  os.replace(args.out + ".tmp", args.out)
+  write_json_atomic(args.out, {"jax": jax.__version__, "arch": args.arch, "seq_len": args.seq_len,
+                               "ptxas": bool(ptxas), "rows": rows})
   print(f"wrote {args.out}")
   if any(row["fits_smem"] is False for row in rows):
     sys.exit(1)

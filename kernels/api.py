@@ -16,13 +16,12 @@ Every backend receives the same prepared inputs:
   document boundary.
 """
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
 
 from .pruning import skip_threshold
-from .pallas_gpu import SUPPORTED_HEAD_DIMS, pallas_attention
+from .pallas_gpu import SUPPORTED_HEAD_DIMS, on_gpu, pallas_attention
 from .reference import reference_attention
 from .xla_blockwise import xla_attention
 
@@ -47,8 +46,7 @@ def available_impls():
 
 def _resolve_impl(impl, head_dim):
   if impl == "auto":
-    on_gpu = jax.default_backend() == "gpu"
-    if on_gpu and "pallas" in _BACKENDS and head_dim in (_BACKENDS["pallas"][1] or (head_dim,)):
+    if on_gpu() and "pallas" in _BACKENDS and head_dim in (_BACKENDS["pallas"][1] or (head_dim,)):
       return "pallas"
     return "xla"
   if impl not in _BACKENDS:

@@ -57,7 +57,7 @@ def _dot(a, b):
   return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
 
-def _on_gpu():
+def on_gpu():
   """Whether un-interpreted kernels can run here (tests patch this to lower for CUDA on CPU)."""
   return jax.default_backend() == "gpu"
 
@@ -296,7 +296,7 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   if head_dim not in SUPPORTED_HEAD_DIMS:
     raise ValueError(f"forgetting_attention: impl='pallas' supports head_dim in {SUPPORTED_HEAD_DIMS}, "
                      f"got {head_dim}")
-  if not interpret and not _on_gpu():
+  if not interpret and not on_gpu():
     raise ValueError("forgetting_attention: impl='pallas' needs a GPU; on CPU pass interpret=True "
                      "(slow, for tests) or use impl='xla'")
   sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from lpcjax import config as config_lib
 from lpcjax import models
 from lpcjax.data import make_dataset, make_iterator
+from lpcjax.files import write_json_atomic
 from lpcjax.sharding import make_mesh, rules_from_config
 
 from .checkpoint import Checkpointer, has_checkpoint
@@ -38,13 +39,6 @@ from .steps import create_train_state, eval_step, make_optimizer, state_sharding
 
 class TrainingError(RuntimeError):
   """The run cannot continue (e.g. too many non-finite steps in a row)."""
-
-
-def write_json_atomic(path, obj):
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
 
 
 class NonfiniteGuard:

@@ -237,8 +237,8 @@ def test_xla_backend_memory_is_linear_in_seq_len():
 
 def test_auto_picks_pallas_on_gpu_for_supported_head_dims(monkeypatch):
   from lpcjax.kernels import api
-  monkeypatch.setattr(api.jax, "default_backend", lambda: "cpu")
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   assert api._resolve_impl("auto", 64) == "xla"
-  monkeypatch.setattr(api.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert api._resolve_impl("auto", 64) == "pallas" and api._resolve_impl("auto", 128) == "pallas"
   assert api._resolve_impl("auto", 8) == "xla"  # unsupported by the kernel: the blockwise op

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(pallas_gpu.plgpu is None,
 @pytest.fixture(autouse=True)
 def pretend_gpu(monkeypatch):
   # The backend refuses un-interpreted calls off-GPU; here nothing runs, it only lowers.
-  monkeypatch.setattr(pallas_gpu, "_on_gpu", lambda: True)
+  monkeypatch.setattr(pallas_gpu, "on_gpu", lambda: True)
 
 
 def loss_and_grads(prune_epsilon=None, segments=False):

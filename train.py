@@ -4,6 +4,7 @@
   python train.py --config configs/fox_tiny_text.py data.train_files=book.txt
   python train.py --config paper:fox_125m data.kind=tokens data.train_tokens=data/train
   python train.py --config ... train.run_name=NAME --resume     # continue NAME's latest checkpoint
+  python train.py --config ... train.init_from=runs/A[:STEP]   # a new run from run A's weights
 
 Any config field can be overridden as section.field=value (see lpcjax/config.py). Several
 processes (multi-host): set LPCJAX_DISTRIBUTED=1 (or run under a launcher that sets up
@@ -27,7 +28,7 @@ def main(argv=None):
   parser.add_argument("--resume", action="store_true",
                       help="continue the run directory's latest checkpoint (state and data order)")
   parser.add_argument("overrides", nargs="*", help="section.field=value")
-  args = parser.parse_args(argv)
+  args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
 
   if os.environ.get("LPCJAX_DISTRIBUTED") == "1":
     import jax
@@ -35,7 +36,7 @@ def main(argv=None):
 
   from lpcjax import config as config_lib
   from lpcjax.data import DataError
-  from lpcjax.training import TrainingError, train
+  from lpcjax.training import RunError, TrainingError, train
 
   try:
     config = config_lib.load_experiment(args.config, CONFIG_DIR)
@@ -44,7 +45,7 @@ def main(argv=None):
       print(config_lib.to_json(config))
       return 0
     run_dir, summary = train(config, resume=args.resume)
-  except (config_lib.ConfigError, DataError, FileExistsError, TrainingError) as error:
+  except (config_lib.ConfigError, DataError, FileExistsError, RunError, TrainingError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
   print(json.dumps(summary, indent=2))

@@ -5,7 +5,8 @@ Runs in a few minutes on 2 CPU cores with no download. The same budget trains th
   python train.py --config fox_tiny_mqar model.family=transformer model.use_rope=false  # NoPE
 """
 
-from lpcjax.config import DataConfig, ExperimentConfig, TrainConfig
+from lpcjax.config import ExperimentConfig, TrainConfig
+from lpcjax.data import MQARDataConfig
 from lpcjax.models import FoXConfig
 
 
@@ -13,7 +14,7 @@ def get_config():
   # Sized for 2 CPU cores: 256 tokens (127 keys, 128 values), 8 pairs per 64-token example.
   model = FoXConfig(vocab_size=256, d_model=64, num_layers=2, num_heads=4, mlp_multiple_of=64,
                     tie_embeddings=True)
-  data = DataConfig(kind="mqar", seq_len=64, batch_size=64, mqar_vocab_size=256, mqar_num_pairs=8)
+  data = MQARDataConfig(seq_len=64, batch_size=64, mqar_vocab_size=256, mqar_num_pairs=8)
   train = TrainConfig(steps=1500, learning_rate=1e-2, warmup_steps=100, weight_decay=0.1,
                       log_every=25, eval_batches=16)
   return ExperimentConfig(model=model, data=data, train=train, name="fox_tiny_mqar")

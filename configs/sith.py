@@ -13,7 +13,8 @@ of windows (it writes c = 0.19; see lpcjax/layers/sith.py).
 
 import re
 
-from lpcjax.config import ConfigError, DataConfig, ExperimentConfig, TrainConfig
+from lpcjax.config import ConfigError, ExperimentConfig, TrainConfig
+from lpcjax.data import TokenFileConfig
 from lpcjax.models import SITHConfig
 
 
@@ -25,7 +26,7 @@ def get_config(spec="k100_L53"):
   size = dict(d_model=128, num_layers=2, num_heads=4, mlp_dim=512, chunk_len=64) if tiny else {}
   model = SITHConfig(num_filters=filters, k=float(k or 100), delta_pulse=bool(delta), **size)
   chunk = model.chunk_len
-  data = DataConfig(kind="tokens", seq_len=model.window_len, batch_size=4 if tiny else 32,
+  data = TokenFileConfig(seq_len=model.window_len, batch_size=4 if tiny else 32,
                     window_stride=chunk)
   train = (TrainConfig(steps=600, learning_rate=1e-3, warmup_steps=50, log_every=25, eval_batches=16) if tiny
            else TrainConfig(steps=20000, learning_rate=6e-4, warmup_steps=1000, log_every=50, eval_every=1000))

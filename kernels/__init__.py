@@ -7,7 +7,8 @@ from .api import available_impls, forgetting_attention, register_backend
 from .block_sizes import BlockSizes
 from .sharded import sharded_forgetting_attention
 from .reference import reference_attention
+from .segments import segment_starts
 
 __all__ = ["BlockSizes", "available_impls", "forgetting_attention", "register_backend",
            "sharded_forgetting_attention",
-           "reference_attention"]
+           "reference_attention", "segment_starts"]

@@ -23,6 +23,7 @@ from jax.experimental import checkify
 from .pruning import skip_threshold
 from .pallas_gpu import SUPPORTED_HEAD_DIMS, on_gpu, pallas_attention
 from .reference import reference_attention
+from .segments import segment_starts
 from .xla_blockwise import xla_attention
 
 
@@ -99,8 +100,7 @@ def prepare_segments(log_fgate, segment_ids):
   is_cut = jnp.isneginf(log_fgate)
   starts = is_cut
   if segment_ids is not None:
-    changed = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], [(0, 0), (1, 0)])
-    starts = starts | changed[:, :, None]
+    starts = starts | segment_starts(segment_ids)[:, :, None]
   ids = jnp.cumsum(starts.astype(jnp.int32), axis=1)
   return jnp.where(is_cut, 0.0, log_fgate), ids
 

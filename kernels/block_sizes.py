@@ -48,3 +48,9 @@ def pad_seq(x, padded_len, axis=1):
   pad = [(0, 0)] * x.ndim
   pad[axis] = (0, padded_len - x.shape[axis])
   return jnp.pad(x, pad)
+
+
+def heads_major(x, padded_len):
+  """[batch, seq, heads, ...] -> [batch, heads, padded_len, ...], zero-padded along seq: the
+  layout in which each (batch, head) holds one contiguous sequence to tile."""
+  return jnp.swapaxes(pad_seq(x, padded_len), 1, 2)

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .block_sizes import BlockSizes, pad_seq
+from .block_sizes import BlockSizes, heads_major, pad_seq
 from .pruning import unless_skipped
+from .reference import tile_logits
 
 try:  # the Triton compiler parameters exist only where Pallas GPU is built in
   from jax.experimental.pallas import triton as plgpu
@@ -74,21 +75,28 @@ def _compiler_params(head_dim, kernel):
 def _tile_logits2(q, k, c_q, c_k, seg_q, seg_k, q_start, k_start, scale2, causal):
   """Base-2 logits of one tile, -inf where masked: (scale q.k + c_i - c_j) * log2 e.
 
-  Only tiles that cross the diagonal (``causal``) compare positions; the others lie wholly left
-  of it and mask only across segments.
+  The formula and masks are the reference's ``tile_logits`` (plain jnp, which Triton lowers),
+  fed with scale and c already times log2 e. Only the dot product is this kernel's own (2-D
+  tiles, full float32 precision), and so are the exponentials that follow: exp2 against a
+  base-2 lse here, where the XLA backend uses exp against a natural-log lse. Only tiles that
+  cross the diagonal (``causal``) compare positions; the others lie wholly left of it.
   """
-  s = _dot(q, k.T) * scale2 + c_q[:, None] - c_k[None, :]
-  mask = seg_q[:, None] == seg_k[None, :]
-  if causal:
-    q_pos = q_start + jnp.arange(q.shape[0])
-    k_pos = k_start + jnp.arange(k.shape[0])
-    mask = mask & (q_pos[:, None] >= k_pos[None, :])
-  return jnp.where(mask, s, -jnp.inf)
+  return tile_logits(_dot(q, k.T), c_q, c_k, seg_q, seg_k, scale2, q_start, k_start, causal)
 
 
-def _threshold(thr_ref, prune):
-  """The skip threshold of this (batch, head), base 2, or None when pruning is off."""
-  return jnp.max(thr_ref[...]) if prune else None
+def _program_block(block, c_ref, seg_ref, thr_ref, prune):
+  """What every kernel reads first: the start of this program's block (query block in the
+  forward and dQ kernels, key block in dK/dV), the block's c and segment ids, and the skip
+  threshold of this (batch, head), base 2, or None when pruning is off."""
+  start = pl.program_id(0) * block
+  rows = pl.ds(start, block)
+  return start, c_ref[rows], seg_ref[rows], jnp.max(thr_ref[...]) if prune else None
+
+
+def _dscores(p, do, v, delta):
+  """dS = P * (dP - delta) of one tile, dP = dO V^T (both backward kernels). P stays outside:
+  the dK/dV kernel accumulates dV from P before forming dS, as FlashAttention-2 does."""
+  return p * (_dot(do, v.T) - delta[:, None])
 
 
 def _block_loop(tile, c_ref, block, lo, hi, carry, *, causal, thr=None, tile_gates=None):
@@ -117,10 +125,8 @@ def _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, carry):
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref, *, scale2, bq, bk, prune):
-  q_start = pl.program_id(0) * bq
   q = q_ref[...]
-  c_q, seg_q = c_ref[pl.ds(q_start, bq)], seg_ref[pl.ds(q_start, bq)]
-  thr = _threshold(thr_ref, prune)
+  q_start, c_q, seg_q, thr = _program_block(bq, c_ref, seg_ref, thr_ref, prune)
 
   def tile(k_start, keys, c_k, causal, carry):
     m, l, acc = carry
@@ -143,10 +149,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref
 
 def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref,
                 dk_ref, dv_ref, dc_ref, *, scale2, sm_scale, bq, bk, seq_len, prune):
-  k_start = pl.program_id(0) * bk
   k, v = k_ref[...], v_ref[...]
-  c_k, seg_k = c_ref[pl.ds(k_start, bk)], seg_ref[pl.ds(k_start, bk)]
-  thr = _threshold(thr_ref, prune)
+  k_start, c_k, seg_k, thr = _program_block(bk, c_ref, seg_ref, thr_ref, prune)
 
   def tile(q_start, rows, c_q, causal, carry):
     dk, dv, dc = carry
@@ -154,8 +158,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, d
     s = _tile_logits2(q, k, c_q, c_k, seg_ref[rows], seg_k, q_start, k_start, scale2, causal)
     p = jnp.exp2(s - lse_ref[rows][:, None])
     dv = dv + _dot(p.astype(do.dtype).T, do)
-    dp = _dot(do, v.T)
-    ds = p * (dp - delta_ref[rows][:, None])
+    ds = _dscores(p, do, v, delta_ref[rows])
     dk = dk + _dot(ds.astype(q.dtype).T, q)
     return dk, dv, dc - ds.sum(axis=0)
 
@@ -176,17 +179,14 @@ def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, d
 
 def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
                scale2, sm_scale, bq, bk, prune):
-  q_start = pl.program_id(0) * bq
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-  c_q, seg_q = c_ref[pl.ds(q_start, bq)], seg_ref[pl.ds(q_start, bq)]
-  thr = _threshold(thr_ref, prune)
+  q_start, c_q, seg_q, thr = _program_block(bq, c_ref, seg_ref, thr_ref, prune)
 
   def tile(k_start, keys, c_k, causal, dq):
     k = k_ref[keys, :]
     s = _tile_logits2(q, k, c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2, causal)
     p = jnp.exp2(s - lse[:, None])
-    dp = _dot(do, v_ref[keys, :].T)
-    ds = p * (dp - delta[:, None])
+    ds = _dscores(p, do, v_ref[keys, :], delta)
     return dq + _dot(ds.astype(k.dtype), k)
 
   dq = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, jnp.zeros(q.shape, jnp.float32))
@@ -301,12 +301,11 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
                      "(slow, for tests) or use impl='xla'")
   sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
   padded_len = -(-seq_len // sizes.largest) * sizes.largest
-  heads_major = lambda x: jnp.swapaxes(pad_seq(x, padded_len), 1, 2)  # [B, H, T_padded]
   prune = prune_threshold is not None
   # The threshold travels as a [B, H, 16] row (a power-of-two block); kernels read its max.
   threshold = prune_threshold * LOG2_E if prune else jnp.zeros(q.shape[:1] + q.shape[2:3], jnp.float32)
   thr2 = jnp.broadcast_to(threshold[..., None], threshold.shape + (THRESHOLD_WIDTH,))
   o = _pallas(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
-              heads_major(log_fgate), heads_major(segment_ids), thr2, float(sm_scale), sizes,
-              bool(interpret), prune)
+              heads_major(log_fgate, padded_len), heads_major(segment_ids, padded_len), thr2,
+              float(sm_scale), sizes, bool(interpret), prune)
   return o[:, :seq_len]

@@ -1,4 +1,7 @@
-"""Materialized forgetting attention: the O(T^2) ground truth every backend is tested against.
+"""Materialized forgetting attention: the O(T^2) ground truth every backend is tested against,
+and ``tile_logits``, the one definition of the masked logits that every backend's tiles use
+(the tests check the reference itself against a float64 numpy product form, which shares
+nothing with it).
 
 Inputs arrive already prepared by ``forgetting_attention`` (see ``api.py``): ``log_fgate`` is
 finite (hard cuts were turned into segment boundaries) and ``segment_ids`` is an int32
@@ -11,21 +14,34 @@ import jax
 import jax.numpy as jnp
 
 
+def tile_logits(qk, c_q, c_k, seg_q, seg_k, scale, q_start=0, k_start=0, causal=True):
+  """Logits s_ij = scale * qk_ij + c_i - c_j of a tile of rows i and columns j, -inf where
+  j > i or where i and j lie in different segments.
+
+  Every backend forms its logits here; only the dot product qk_ij = q_i.k_j (float32,
+  [..., rows, cols]) is each backend's own, for its layout and precision. c_q, seg_q:
+  [..., rows]; c_k, seg_k: [..., cols]; q_start, k_start: the positions of the first row and
+  column. ``causal=False`` skips the position compare, for a caller that knows every column of
+  the tile precedes every row. The units follow the inputs: the Pallas kernel passes scale
+  and c times log2(e) and gets base-2 logits.
+  """
+  s = qk * scale + c_q[..., :, None] - c_k[..., None, :]
+  mask = seg_q[..., :, None] == seg_k[..., None, :]
+  if causal:
+    q_pos = q_start + jnp.arange(qk.shape[-2])
+    k_pos = k_start + jnp.arange(qk.shape[-1])
+    mask = mask & (q_pos[:, None] >= k_pos[None, :])
+  return jnp.where(mask, s, -jnp.inf)
+
+
 def attention_logits(q, k, c, segment_ids, sm_scale):
-  """Masked logits s_ij = scale * q_i.k_j + c_i - c_j, shape [batch, heads, seq, seq], float32.
+  """Masked logits of the whole sequence as one tile, [batch, heads, seq, seq], float32.
 
   c, segment_ids: [batch, seq, heads].
-
-  Masked entries (j > i, or another segment) are -inf.
   """
-  seq_len = q.shape[1]
-  s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * sm_scale
-  c = jnp.swapaxes(c, 1, 2)  # [batch, heads, seq]
-  s = s + c[:, :, :, None] - c[:, :, None, :]
-  causal = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))
-  seg = jnp.swapaxes(segment_ids, 1, 2)  # [batch, heads, seq]
-  mask = causal & (seg[:, :, :, None] == seg[:, :, None, :])
-  return jnp.where(mask, s, -jnp.inf)
+  qk = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+  c, seg = jnp.swapaxes(c, 1, 2), jnp.swapaxes(segment_ids, 1, 2)  # [batch, heads, seq]
+  return tile_logits(qk, c, c, seg, seg, sm_scale)
 
 
 def reference_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False):

@@ -21,19 +21,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .block_sizes import BlockSizes, pad_seq
+from .block_sizes import BlockSizes, heads_major
 from .pruning import unless_skipped
+from .reference import tile_logits
 
 
 def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scale):
   """Logits of one [block_q, block_k] tile, -inf where masked. Shapes [B, H, bq, bk]."""
-  s = jnp.einsum("bhqd,bhkd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32) * sm_scale
-  s = s + c_q[..., :, None] - c_k[..., None, :]
-  q_pos = q_start + jnp.arange(q_blk.shape[2])
-  k_pos = k_start + jnp.arange(k_blk.shape[2])
-  causal = q_pos[:, None] >= k_pos[None, :]
-  same_segment = seg_q[..., :, None] == seg_k[..., None, :]
-  return jnp.where(causal & same_segment, s, -jnp.inf)
+  qk = jnp.einsum("bhqd,bhkd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+  return tile_logits(qk, c_q, c_k, seg_q, seg_k, sm_scale, q_start, k_start)
 
 
 def _slice(x, start, size, axis):
@@ -52,6 +48,24 @@ def _merge_blocks(x, axis):
   return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
 
 
+def _dscores(p, do_blk, v_blk, delta):
+  """dS = P * (dP - delta) of one tile, dP = dO V^T (both backward sweeps)."""
+  dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, v_blk, preferred_element_type=jnp.float32)
+  return p * (dp - delta[..., None])
+
+
+def _sweep(tile, c, block, lo, hi, carry, thr, tile_gates):
+  """``carry = tile(start, c of the block, carry)`` over blocks [lo, hi) of the side that moves
+  (keys in the forward and dq sweeps, queries in the dk/dv sweep). ``tile_gates(c of the
+  block)`` gives the tile's (c of its rows, c of its columns), by which pruning skips it."""
+  def body(i, carry):
+    start = i * block
+    c_block = _slice(c, start, block, 2)
+    compute = lambda carry: tile(start, c_block, carry)
+    return unless_skipped(thr, *tile_gates(c_block), compute, carry)
+  return lax.fori_loop(lo, hi, body, carry)
+
+
 def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk):
   """q, k, v: [B, H, T, D]; c, seg: [B, H, T]. Returns o [B, H, T, D], lse [B, H, T]."""
   batch, heads, seq_len, head_dim = q.shape
@@ -60,11 +74,6 @@ def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk):
     i, q_blk, c_q, seg_q = args
     q_start = i * bq
     num_k_blocks = (q_start + bq + bk - 1) // bk  # causal: skip blocks right of the diagonal
-
-    def body(j, carry):
-      k_start = j * bk
-      c_k = _slice(c, k_start, bk, 2)
-      return unless_skipped(thr, c_q, c_k, lambda carry: tile(k_start, c_k, carry), carry)
 
     def tile(k_start, c_k, carry):
       m, l, acc = carry
@@ -82,7 +91,7 @@ def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk):
     init = (jnp.full((batch, heads, bq), -jnp.inf, jnp.float32),
             jnp.zeros((batch, heads, bq), jnp.float32),
             jnp.zeros((batch, heads, bq, head_dim), jnp.float32))
-    m, l, acc = lax.fori_loop(0, num_k_blocks, body, init)
+    m, l, acc = _sweep(tile, c, bk, 0, num_k_blocks, init, thr, lambda c_k: (c_q, c_k))
     # Every real row attends at least to itself, so l >= 1 there.
     return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)
 
@@ -99,23 +108,18 @@ def _backward_dq(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
     i, q_blk, c_q, seg_q, do_blk, lse_blk, delta_blk = args
     q_start = i * bq
 
-    def body(j, dq):
-      k_start = j * bk
-      c_k = _slice(c, k_start, bk, 2)
-      return unless_skipped(thr, c_q, c_k, lambda dq: tile(k_start, c_k, dq), dq)
-
     def tile(k_start, c_k, dq):
       k_blk, v_blk = _slice(k, k_start, bk, 2), _slice(v, k_start, bk, 2)
       s = _tile_logits(q_blk, k_blk, c_q, c_k, seg_q,
                        _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale)
       p = jnp.exp(s - lse_blk[..., None])
-      dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, v_blk, preferred_element_type=jnp.float32)
-      ds = p * (dp - delta_blk[..., None])
+      ds = _dscores(p, do_blk, v_blk, delta_blk)
       return dq + jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_blk,
                              preferred_element_type=jnp.float32)
 
     num_k_blocks = (q_start + bq + bk - 1) // bk
-    dq = lax.fori_loop(0, num_k_blocks, body, jnp.zeros(q_blk.shape, jnp.float32))
+    dq = _sweep(tile, c, bk, 0, num_k_blocks, jnp.zeros(q_blk.shape, jnp.float32), thr,
+                lambda c_k: (c_q, c_k))
     return (dq * sm_scale).astype(q.dtype)
 
   blocks = (jnp.arange(seq_len // bq),) + tuple(
@@ -130,11 +134,6 @@ def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
     j, k_blk, v_blk, c_k, seg_k = args
     k_start = j * bk
 
-    def body(i, carry):
-      q_start = i * bq
-      c_q = _slice(c, q_start, bq, 2)
-      return unless_skipped(thr, c_q, c_k, lambda carry: tile(q_start, c_q, carry), carry)
-
     def tile(q_start, c_q, carry):
       dk, dv, dc = carry
       q_blk, do_blk = _slice(q, q_start, bq, 2), _slice(do, q_start, bq, 2)
@@ -143,16 +142,16 @@ def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
       p = jnp.exp(s - _slice(lse, q_start, bq, 2)[..., None])
       dv = dv + jnp.einsum("bhqk,bhqd->bhkd", p.astype(do.dtype), do_blk,
                            preferred_element_type=jnp.float32)
-      dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, v_blk, preferred_element_type=jnp.float32)
-      ds = p * (dp - _slice(delta, q_start, bq, 2)[..., None])
+      ds = _dscores(p, do_blk, v_blk, _slice(delta, q_start, bq, 2))
       dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_blk,
                            preferred_element_type=jnp.float32)
       return dk, dv, dc - ds.sum(axis=-2)
 
     first_q_block = k_start // bq  # causal: query blocks above the diagonal see nothing here
     zeros = jnp.zeros(k_blk.shape, jnp.float32)
-    dk, dv, dc = lax.fori_loop(first_q_block, seq_len // bq, body,
-                               (zeros, zeros, jnp.zeros(c_k.shape, jnp.float32)))
+    dk, dv, dc = _sweep(tile, c, bq, first_q_block, seq_len // bq,
+                        (zeros, zeros, jnp.zeros(c_k.shape, jnp.float32)), thr,
+                        lambda c_q: (c_q, c_k))
     return (dk * sm_scale).astype(k.dtype), dv.astype(v.dtype), dc
 
   blocks = (jnp.arange(seq_len // bk), _split_blocks(k, bk, 2), _split_blocks(v, bk, 2),
@@ -200,7 +199,6 @@ def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, i
   bq, bk = sizes.block_q, sizes.block_k
   padded_len = -(-seq_len // max(bq, bk)) * max(bq, bk)
   # Padded keys lie right of every real query, so the causal mask already hides them.
-  heads_major = lambda x: jnp.swapaxes(pad_seq(x, padded_len), 1, 2)  # [B, H, T_padded, ...]
-  o = _blockwise(heads_major(q), heads_major(k), heads_major(v), heads_major(log_fgate),
-                 heads_major(segment_ids), prune_threshold, float(sm_scale), bq, bk)
+  o = _blockwise(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
+                 prune_threshold, float(sm_scale), bq, bk)
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]

@@ -3,8 +3,8 @@
 An experiment is ``ExperimentConfig(model=<family config>, data=DataConfig, train=TrainConfig)``.
 Experiment files in ``configs/`` define ``get_config() -> ExperimentConfig``. Any field can be
 overridden from the command line as ``section.field=value`` (``model.d_model=256``,
-``data.train_files=a.txt,b.txt``); ``model.family=NAME`` switches the family and keeps the
-fields both families share. Unknown keys, unparsable values and impossible combinations fail
+``data.train_files=a.txt,b.txt``); ``model.family=NAME`` switches the family and
+``data.kind=NAME`` the data kind, keeping the fields both classes share. Unknown keys, unparsable values and impossible combinations fail
 at start with a ``ConfigError`` that names the field.
 """
 
@@ -14,7 +14,7 @@ import json
 import os
 import types
 import typing
-from typing import Optional
+from typing import ClassVar, Optional
 
 
 class ConfigError(ValueError):
@@ -35,42 +35,24 @@ def require_choice(value, field, choices):
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """Where batches come from.
+  """The fields every data kind has. Each kind (``data.kind``) is a subclass registered in
+  ``lpcjax.data`` with its own fields and checks: ``mqar``, ``text``, ``tokens``, and whatever a
+  family registers (see ``lpcjax.data.register``). ``seq_len`` is the length of one example
+  (tokens for language models, time steps for series)."""
 
-  kind="mqar": multi-query associative recall, generated on the fly (no download).
-  kind="text": text files (.txt, .gz, .jsonl) tokenized in memory with the GPT-2 tokenizer.
-  kind="tokens": a token file made by ``python -m lpcjax.data`` (memmapped).
-  """
+  kind: ClassVar[str] = ""
 
-  kind: str = "mqar"
   seq_len: int = 256
   batch_size: int = 32
-  # mqar: keys from [1, vocab/2), values from [vocab/2, vocab); token 0 fills the gaps.
-  mqar_vocab_size: int = 8192
-  mqar_num_pairs: int = 16
-  mqar_gap_power: float = 0.1  # query gaps drawn with p(gap) ∝ gap^(power - 1), as in Zoology
-  # text
-  train_files: tuple[str, ...] = ()
-  eval_files: tuple[str, ...] = ()
-  tokenizer_file: Optional[str] = None  # tiktoken rank file; else $LPCJAX_TIKTOKEN_FILE; else download
-  # tokens
-  train_tokens: Optional[str] = None  # prefix of PREFIX.bin/PREFIX.json
-  eval_tokens: Optional[str] = None
-  segment_ids: bool = False  # text/tokens: give the model document boundaries inside a window
-  window_stride: Optional[int] = None  # text/tokens: start of window i is i * stride (default seq_len)
 
   def __post_init__(self):
-    require_choice(self.kind, "data.kind", {"mqar", "text", "tokens"})
     require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
     require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
-    require(self.window_stride is None or self.window_stride >= 1, "data.window_stride", "must be >= 1")
-    if self.kind == "mqar":
-      require(self.mqar_vocab_size >= 4, "data.mqar_vocab_size", "must be >= 4")
-      require(self.mqar_num_pairs >= 1, "data.mqar_num_pairs", "must be >= 1")
-      require(4 * self.mqar_num_pairs <= self.seq_len, "data.mqar_num_pairs",
-              f"{self.mqar_num_pairs} pairs and their queries need seq_len >= {4 * self.mqar_num_pairs}")
-      require(self.mqar_num_pairs < self.mqar_vocab_size // 2, "data.mqar_num_pairs",
-              "needs fewer pairs than keys (mqar_vocab_size / 2)")
+
+
+def _default_data():
+  from lpcjax.data.mqar import MQARDataConfig  # local: lpcjax.data imports this module
+  return MQARDataConfig()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +70,12 @@ class TrainConfig:
   seed: int = 0
   log_every: int = 25
   eval_every: int = 0  # 0: evaluate only at the end
-  eval_batches: int = 8
+  eval_batches: int = 8  # at most this many eval batches; 0: all of a finite eval set
   run_dir: str = "runs"
   run_name: Optional[str] = None  # default: <config name>-<time>
+  # RUN_DIR or RUN_DIR:STEP: start from that run's params (and mutable collections such as
+  # batch_stats), not its optimizer state or data position: fine-tuning and staged schedules.
+  init_from: Optional[str] = None
   checkpoint_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
   keep_checkpoints: int = 3
   max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
@@ -114,6 +99,7 @@ class TrainConfig:
     require(self.grad_clip > 0, "train.grad_clip", "must be > 0")
     require(self.log_every >= 1, "train.log_every", "must be >= 1")
     require(self.eval_every >= 0, "train.eval_every", "must be >= 0")
+    require(self.eval_batches >= 0, "train.eval_batches", "must be >= 0 (0: all of a finite eval set)")
     require(self.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
     require(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
     require(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
@@ -131,23 +117,20 @@ class TrainConfig:
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   model: typing.Any  # a family config from lpcjax.models
-  data: DataConfig = DataConfig()
+  data: DataConfig = dataclasses.field(default_factory=_default_data)  # a kind from lpcjax.data
   train: TrainConfig = TrainConfig()
   name: str = "experiment"
 
   def __post_init__(self):
+    from lpcjax import models  # local: models imports this module
     family = getattr(self.model, "family", None)
     require(family is not None, "model", "must be a model family config from lpcjax.models")
-    if self.data.kind == "mqar":
-      require(self.model.vocab_size >= self.data.mqar_vocab_size, "model.vocab_size",
-              f"{self.model.vocab_size} is smaller than data.mqar_vocab_size={self.data.mqar_vocab_size}")
-    else:
-      require(self.model.vocab_size >= 50257, "model.vocab_size",
-              f"GPT-2 text needs >= 50257 tokens, got {self.model.vocab_size}")
-    window_len = getattr(self.model, "window_len", None)  # families that read fixed windows
-    if window_len is not None:
-      require(self.data.seq_len == window_len, "data.seq_len",
-              f"the {family} model reads windows of {window_len} tokens, got {self.data.seq_len}")
+    require(isinstance(self.data, DataConfig) and self.data.kind, "data",
+            "must be a data config from lpcjax.data (one class per data.kind)")
+    spec = models.get(family)
+    require(self.data.kind in spec.data_kinds, "data.kind",
+            f"the {family} family reads {' or '.join(spec.data_kinds)}, not {self.data.kind!r}")
+    spec.check(self)
     require(self.data.batch_size % self.train.grad_accum_steps == 0, "train.grad_accum_steps",
             f"data.batch_size={self.data.batch_size} is not divisible by {self.train.grad_accum_steps}")
 
@@ -182,26 +165,42 @@ def _field_types(cls):
   return typing.get_type_hints(cls)
 
 
+def _selector(obj):
+  """'model.family=fox' / 'data.kind=mqar': what decides which fields a section has."""
+  if hasattr(obj, "family"):
+    return f"model.family={obj.family!r}"
+  return f"data.kind={obj.kind!r}"
+
+
 def replace_fields(obj, values, prefix):
   """dataclasses.replace with string values parsed by each field's type; names unknown keys."""
-  types_ = _field_types(type(obj))
+  types_ = {name: t for name, t in _field_types(type(obj)).items() if typing.get_origin(t) is not ClassVar}
   parsed = {}
   for key, text in values.items():
     field = f"{prefix}.{key}"
     if key not in types_:
-      raise ConfigError(f"{field}: unknown key; known keys are {sorted(types_)}")
+      raise ConfigError(f"{field}: unknown key for {_selector(obj)}; known keys are {sorted(types_)}")
     parsed[key] = _parse_value(text, types_[key], field) if isinstance(text, str) else text
   return dataclasses.replace(obj, **parsed)
 
 
-def switch_family(model_config, family_name):
-  """The same shared fields in another family's config class."""
-  from lpcjax import models  # local: models imports this module
-  target = models.get(family_name).config_cls
+def switch_class(obj, target):
+  """An instance of ``target`` keeping the fields of ``obj`` that ``target`` also has and that
+  differ from their defaults (``model.family=NAME``, ``data.kind=NAME``)."""
   target_fields = {f.name for f in dataclasses.fields(target)}
-  kept = {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)
-          if f.name in target_fields and getattr(model_config, f.name) != f.default}
+  kept = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
+          if f.name in target_fields and getattr(obj, f.name) != f.default}
   return target(**kept)
+
+
+def switch_family(model_config, family_name):
+  from lpcjax import models  # local: models imports this module
+  return switch_class(model_config, models.get(family_name).config_cls)
+
+
+def switch_kind(data_config, kind):
+  from lpcjax import data  # local: lpcjax.data imports this module
+  return switch_class(data_config, data.get(kind).config_cls)
 
 
 def apply_overrides(config, overrides):
@@ -219,12 +218,15 @@ def apply_overrides(config, overrides):
       top["name"] = value
     else:
       raise ConfigError(f"{key}: unknown key; use model.*, data.*, train.* or name")
-  model = config.model
+  model, data = config.model, config.data
   family = sections["model"].pop("family", None)
   if family is not None:
     model = switch_family(model, family)
+  kind = sections["data"].pop("kind", None)
+  if kind is not None:
+    data = switch_kind(data, kind)
   model = replace_fields(model, sections["model"], "model")
-  data = replace_fields(config.data, sections["data"], "data")
+  data = replace_fields(data, sections["data"], "data")
   train = replace_fields(config.train, sections["train"], "train")
   return dataclasses.replace(config, model=model, data=data, train=train, **top)
 
@@ -263,14 +265,28 @@ def load_experiment(path_or_name, search_dir="configs"):
 def to_dict(config):
   out = dataclasses.asdict(config)
   out["model"] = {"family": config.model.family, **out["model"]}
+  out["data"] = {"kind": config.data.kind, **out["data"]}
   return out
+
+
+# Before data kinds had their own classes (lpcjax <= 0.1 run directories), every data section
+# held every kind's fields. Loading such a config.json drops the other kinds' fields when they
+# hold these old defaults; any other value is an error, since it would be silently ignored.
+_FLAT_DATA_DEFAULTS = {"mqar_vocab_size": 8192, "mqar_num_pairs": 16, "mqar_gap_power": 0.1,
+                       "train_files": [], "eval_files": [], "tokenizer_file": None, "train_tokens": None,
+                       "eval_tokens": None, "segment_ids": False, "window_stride": None}
 
 
 def from_dict(values):
   """Rebuild an ExperimentConfig from ``to_dict`` output (e.g. a run's config.json)."""
-  from lpcjax import models
-  model_values = dict(values["model"])
+  from lpcjax import data, models
+  model_values, data_values = dict(values["model"]), dict(values["data"])
   family = models.get(model_values.pop("family"))
+  kind = data.get(data_values.pop("kind", "mqar"))
+  data_fields = _field_types(kind.config_cls)
+  for key in [k for k in data_values if k not in data_fields]:
+    if _FLAT_DATA_DEFAULTS.get(key, object()) == data_values[key]:
+      del data_values[key]
 
   def build(cls, raw, prefix):
     known = _field_types(cls)
@@ -280,7 +296,7 @@ def from_dict(values):
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
 
   return ExperimentConfig(model=build(family.config_cls, model_values, "model"),
-                          data=build(DataConfig, values["data"], "data"),
+                          data=build(kind.config_cls, data_values, "data"),
                           train=build(TrainConfig, values["train"], "train"),
                           name=values.get("name", "experiment"))
 

@@ -31,11 +31,14 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 def tiny_experiment(tmp_path, *overrides, name="run"):
-  """A seconds-long FoX-on-MQAR experiment writing under tmp_path/name."""
+  """A seconds-long FoX-on-MQAR experiment writing under tmp_path/name. With a
+  ``data.kind=...`` override the MQAR-only defaults are left out."""
   from lpcjax import config as C
   cfg = C.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py"))
+  mqar = ["model.vocab_size=64", "data.mqar_vocab_size=64", "data.mqar_num_pairs=4"]
+  if any(item.startswith("data.kind=") for item in overrides):
+    mqar = []
   return C.apply_overrides(cfg, [
-      "model.vocab_size=64", "data.mqar_vocab_size=64", "data.seq_len=32", "data.mqar_num_pairs=4",
-      "data.batch_size=8", "model.d_model=32", "model.mlp_multiple_of=32", "train.steps=30",
-      "train.warmup_steps=5", "train.log_every=10", "train.eval_batches=2",
+      *mqar, "data.seq_len=32", "data.batch_size=8", "model.d_model=32", "model.mlp_multiple_of=32",
+      "train.steps=30", "train.warmup_steps=5", "train.log_every=10", "train.eval_batches=2",
       f"train.run_dir={tmp_path}", f"train.run_name={name}", *overrides])

@@ -10,7 +10,14 @@ Our choice where Zoology leaves room: filler is token 0 rather than random token
 signal is the pairs; every key is queried exactly once.
 """
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
+
+from lpcjax.config import DataConfig, require
+
+from .registry import DataKind, register
 
 
 def mqar_example(rng, seq_len, vocab_size, num_pairs, gap_power):
@@ -33,3 +40,54 @@ def mqar_example(rng, seq_len, vocab_size, num_pairs, gap_power):
   loss_mask = np.zeros(seq_len, dtype=np.float32)
   loss_mask[query_pos] = 1.0
   return tokens, loss_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class MQARDataConfig(DataConfig):
+  """Generated on the fly (no download): keys from [1, V/2), values from [V/2, V), token 0
+  fills the gaps; query gaps drawn with p(gap) ∝ gap^(power - 1), as in Zoology."""
+
+  kind: ClassVar[str] = "mqar"
+
+  mqar_vocab_size: int = 8192
+  mqar_num_pairs: int = 16
+  mqar_gap_power: float = 0.1
+
+  def __post_init__(self):
+    super().__post_init__()
+    require(self.mqar_vocab_size >= 4, "data.mqar_vocab_size", "must be >= 4")
+    require(self.mqar_num_pairs >= 1, "data.mqar_num_pairs", "must be >= 1")
+    require(4 * self.mqar_num_pairs <= self.seq_len, "data.mqar_num_pairs",
+            f"{self.mqar_num_pairs} pairs and their queries need seq_len >= {4 * self.mqar_num_pairs}")
+    require(self.mqar_num_pairs < self.mqar_vocab_size // 2, "data.mqar_num_pairs",
+            "needs fewer pairs than keys (mqar_vocab_size / 2)")
+
+  @property
+  def vocab_size(self):
+    return self.mqar_vocab_size
+
+
+SPLITS = {"train": 0, "eval": 1}
+
+
+class MQARSource:
+  """Example i is drawn from an RNG seeded by (seed, split, i), so any example can be
+  regenerated on any process without generating the ones before it."""
+
+  infinite = True
+
+  def __init__(self, data_config, seed, split):
+    self.config, self.seed, self.split_id = data_config, seed, SPLITS[split]
+
+  def __len__(self):
+    return 2**31 - 1  # effectively infinite: every index is a fresh example
+
+  def __getitem__(self, index):
+    cfg = self.config
+    rng = np.random.default_rng([self.seed, self.split_id, index])
+    tokens, loss_mask = mqar_example(rng, cfg.seq_len, cfg.mqar_vocab_size, cfg.mqar_num_pairs,
+                                     cfg.mqar_gap_power)
+    return {"inputs": tokens[:-1], "targets": tokens[1:], "loss_mask": loss_mask}
+
+
+register(DataKind("mqar", MQARDataConfig, MQARSource, shuffle=False))

@@ -1,16 +1,15 @@
-"""Grain pipelines over random-access sources: deterministic given the seed, sharded by process.
+"""Grain pipelines over the random-access sources of the data kinds: deterministic given the
+seed, sharded by process.
 
-Sources (``len`` + ``__getitem__``):
-* ``MQARSource``: example i is drawn from an RNG seeded by (seed, split, i), so any example can
-  be regenerated on any process without generating the ones before it.
-* ``TokenWindowSource``: window i of a token array is tokens[i*S : i*S + T + 1] (stride S,
-  default T); with ``segment_ids`` it also marks the documents inside the window (ids restart
-  at 0 per window).
+Training reads a kind's source in a seeded shuffled order, epoch after epoch (generated kinds
+such as MQAR in index order: every index is already a fresh random example). Evaluation reads
+each example once, in order, up to ``max_examples``; its last global batch is filled up with
+padding examples, and every evaluation example carries ``valid`` (1.0, or 0.0 for padding) so
+that losses and evaluators can ignore the padding: nothing is dropped, every batch has one shape.
 
-Training reads the windows in a seeded shuffled order, epoch after epoch; evaluation reads them
-in order. Each process takes every process_count-th example (its shard of the global batch),
-batches them and prefetches on threads. The iterator's state (Grain's ``get_state``) is saved
-in every checkpoint, so a resumed run continues with exactly the batches it would have seen.
+Each process takes every process_count-th example (its shard of each global batch), batches
+them and prefetches on threads. The iterator's state (Grain's ``get_state``) is saved in every
+checkpoint, so a resumed run continues with exactly the batches it would have seen.
 """
 
 import grain
@@ -18,81 +17,57 @@ import jax
 import numpy as np
 
 from .errors import DataError
-from .mqar import mqar_example
-from .prepare import load_token_file
-from .text import tokenize_files
-from .tokenizer import load_gpt2_tokenizer
-
-SPLITS = {"train": 0, "eval": 1}
+from .registry import get as get_kind
 
 
-class MQARSource:
-  def __init__(self, data_config, seed, split):
-    self.config, self.seed, self.split_id = data_config, seed, SPLITS[split]
+class PaddedEvalSource:
+  """The first ``max_examples`` examples of ``source`` (all when None), each with ``valid`` = 1,
+  then zero-filled examples with ``valid`` = 0 up to a multiple of ``global_batch``."""
 
-  def __len__(self):
-    return 2**31 - 1  # effectively infinite: every index is a fresh example
-
-  def __getitem__(self, index):
-    cfg = self.config
-    rng = np.random.default_rng([self.seed, self.split_id, index])
-    tokens, loss_mask = mqar_example(rng, cfg.seq_len, cfg.mqar_vocab_size, cfg.mqar_num_pairs,
-                                     cfg.mqar_gap_power)
-    return {"inputs": tokens[:-1], "targets": tokens[1:], "loss_mask": loss_mask}
-
-
-class TokenWindowSource:
-  def __init__(self, tokens, doc_starts, seq_len, segment_ids=False, stride=None):
-    self.tokens, self.seq_len, self.segment_ids = tokens, seq_len, segment_ids
-    self.stride = stride or seq_len
-    self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
-    if len(tokens) < seq_len + 1:
-      raise DataError(f"data: {len(tokens)} tokens is fewer than seq_len + 1 = {seq_len + 1}")
+  def __init__(self, source, global_batch, max_examples=None):
+    if max_examples is None and getattr(source, "infinite", False):
+      raise DataError("evaluation: the data is generated without end; give a number of batches "
+                      "(train.eval_batches > 0, or --max-examples for eval.py)")
+    self.source = source
+    self.num_examples = len(source) if max_examples is None else min(len(source), max_examples)
+    if self.num_examples == 0:
+      raise DataError("evaluation data is empty")
+    self.length = -(-self.num_examples // global_batch) * global_batch
 
   def __len__(self):
-    return (len(self.tokens) - self.seq_len - 1) // self.stride + 1
+    return self.length
 
   def __getitem__(self, index):
-    start = index * self.stride
-    window = np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int32)
-    example = {"inputs": window[:-1], "targets": window[1:],
-               "loss_mask": np.ones(self.seq_len, np.float32)}
-    if self.segment_ids:
-      # Document index of each input position, relative to the window's first document.
-      docs = np.searchsorted(self.doc_starts, np.arange(start, start + self.seq_len), side="right")
-      example["segment_ids"] = (docs - docs[0]).astype(np.int32)
-    return example
+    if index < self.num_examples:
+      return {**self.source[index], "valid": np.float32(1.0)}
+    padding = {key: np.zeros_like(value) for key, value in self.source[0].items()}
+    return {**padding, "valid": np.float32(0.0)}
 
 
 def make_source(data_config, seed, split):
-  cfg = data_config
-  if cfg.kind == "mqar":
-    return MQARSource(cfg, seed, split)
-  if cfg.kind == "tokens":
-    prefix = cfg.train_tokens if split == "train" else (cfg.eval_tokens or cfg.train_tokens)
-    if not prefix:
-      raise DataError("data.train_tokens is empty: kind='tokens' needs a prepared token file prefix")
-    tokens, meta = load_token_file(prefix)
-    return TokenWindowSource(tokens, meta["doc_starts"], cfg.seq_len, cfg.segment_ids, cfg.window_stride)
-  files = cfg.train_files if split == "train" else (cfg.eval_files or cfg.train_files)
-  if not files:
-    raise DataError("data.train_files is empty: kind='text' needs at least one text file")
-  tokens, doc_starts = tokenize_files(files, load_gpt2_tokenizer(cfg.tokenizer_file))
-  return TokenWindowSource(tokens, doc_starts, cfg.seq_len, cfg.segment_ids, cfg.window_stride)
+  return get_kind(data_config.kind).make_source(data_config, seed, split)
 
 
-def make_dataset(data_config, seed, split, process_index=None, process_count=None):
-  """The batched grain.MapDataset of this process's share of each global batch."""
+def make_dataset(data_config, seed, split, process_index=None, process_count=None, max_examples=None):
+  """The batched grain.MapDataset of this process's share of each global batch.
+
+  ``split="eval"`` reads each example once (at most ``max_examples``), padded as described above.
+  """
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
-  if data_config.batch_size % process_count:
-    raise DataError(f"data.batch_size={data_config.batch_size} is not divisible by the "
-                    f"{process_count} processes")
-  dataset = grain.MapDataset.source(make_source(data_config, seed, split))
-  if split == "train" and data_config.kind != "mqar":
-    dataset = dataset.shuffle(seed=seed).repeat()
+  batch_size = data_config.batch_size
+  if batch_size % process_count:
+    raise DataError(f"data.batch_size={batch_size} is not divisible by the {process_count} processes")
+  kind = get_kind(data_config.kind)
+  source = kind.make_source(data_config, seed, split)
+  if split == "train":
+    dataset = grain.MapDataset.source(source)
+    if kind.shuffle:
+      dataset = dataset.shuffle(seed=seed).repeat()
+  else:
+    dataset = grain.MapDataset.source(PaddedEvalSource(source, batch_size, max_examples))
   dataset = dataset[process_index::process_count]
-  return dataset.batch(data_config.batch_size // process_count, drop_remainder=True)
+  return dataset.batch(batch_size // process_count, drop_remainder=True)
 
 
 def make_iterator(dataset, prefetch=4):

@@ -1,10 +1,13 @@
-"""Evaluation of trained runs: per-token loss curves, perplexity vs context, retrieval probes."""
+"""Evaluation of trained runs. Each family names an evaluator (``lpcjax.evaluation.evaluator``);
+the language models' one gives per-token loss curves, perplexity vs context and retrieval probes."""
 
-from .evaluate import evaluate_run, write_outputs
+from .evaluator import evaluate_run, evaluator_of, evaluator_options
+from .language_model import LanguageModelEvaluator
 from .needle import needle_example, needle_grid, score_answers
-from .per_token import context_lengths, per_token_losses, summarize
+from .per_token import context_lengths, per_token_losses, sequence_logits, summarize
 from .recall import recall_by_distance
-from .runs import RunError, load_run
+from .runs import LoadedRun, RunError, load_run
 
-__all__ = ["RunError", "context_lengths", "evaluate_run", "load_run", "needle_example", "needle_grid",
-           "per_token_losses", "recall_by_distance", "score_answers", "summarize", "write_outputs"]
+__all__ = ["LanguageModelEvaluator", "LoadedRun", "RunError", "context_lengths", "evaluate_run", "evaluator_of", "evaluator_options",
+           "load_run", "needle_example", "needle_grid", "per_token_losses", "recall_by_distance",
+           "score_answers", "sequence_logits", "summarize"]

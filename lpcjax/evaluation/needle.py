@@ -31,13 +31,14 @@ def needle_example(haystack, tokenizer, context_len, depth, key, value):
   return np.asarray(tokens, np.int32), position, context_len - len(answer)
 
 
-def score_answers(logits_fn, examples):
+def score_answers(predict_fn, examples):
   """Fraction of examples whose answer tokens are all the argmax predictions.
 
-  logits_fn: int32 [batch, T] -> logits [batch, T, vocab]; examples: (tokens, _, answer_start).
+  predict_fn: int32 tokens [batch, T] -> argmax predictions [batch, T] (taken on the device, so
+  only the token ids come to the host); examples: (tokens, _, answer_start).
   """
   tokens = np.stack([t for t, _, _ in examples])
-  predictions = np.asarray(np.argmax(np.asarray(logits_fn(tokens)), axis=-1))
+  predictions = np.asarray(predict_fn(tokens))
   correct = []
   for row, (seq, _, answer_start) in enumerate(examples):
     predicted = predictions[row, answer_start - 1:len(seq) - 1]  # position t predicts token t+1
@@ -45,7 +46,7 @@ def score_answers(logits_fn, examples):
   return float(np.mean(correct))
 
 
-def needle_grid(logits_fn, haystack, tokenizer, lengths, depths, trials=3, seed=0):
+def needle_grid(predict_fn, haystack, tokenizer, lengths, depths, trials=3, seed=0):
   """Accuracy [len(depths), len(lengths)]: each cell averages ``trials`` key/value pairs."""
   rng = np.random.default_rng(seed)
   grid = np.zeros((len(depths), len(lengths)))
@@ -58,5 +59,5 @@ def needle_grid(logits_fn, haystack, tokenizer, lengths, depths, trials=3, seed=
         examples.append(needle_example(haystack, tokenizer, length, depth, key, value))
         cells.append(i)
     for i in range(len(depths)):  # one batch per (length, depth): one compiled shape per length
-      grid[i, j] = score_answers(logits_fn, [e for e, c in zip(examples, cells) if c == i])
+      grid[i, j] = score_answers(predict_fn, [e for e, c in zip(examples, cells) if c == i])
   return grid

@@ -10,13 +10,12 @@ that every position sees text of the same difficulty on average.
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-from lpcjax.losses import masked_cross_entropy
+from lpcjax.losses import masked_cross_entropy, scored_positions
 
 
 def context_lengths(eval_len, first=512):
@@ -39,60 +38,44 @@ def roll_batch(batch, rng):
 
 
 def sequence_logits(model, params, inputs, segment_ids=None):
-  """Logits [batch, T, vocab] at every position of ``inputs`` [batch, T].
-
-  Models that read fixed windows of H + m tokens and predict only the last m (the ``sith``
-  family: their config has ``history_len`` and ``chunk_len``) are run the way they are trained:
-  over windows with stride m, so each position is predicted once with up to H tokens of
-  history. Before the sequence starts the history holds <|endoftext|> (token 0 for vocabularies
-  smaller than GPT-2's), as at the start of a document.
-  """
-  cfg = model.config
-  if not hasattr(cfg, "chunk_len"):
-    return model.apply({"params": params}, inputs, segment_ids=segment_ids)
-  history, chunk = cfg.history_len, cfg.chunk_len
-  batch, seq_len = inputs.shape
-  if seq_len % chunk:
-    raise ValueError(f"eval_len {seq_len} must be a multiple of the model's chunk length m = {chunk}")
-  fill = 50256 if cfg.vocab_size > 50256 else 0
-  padded = jnp.concatenate([jnp.full((batch, history), fill, inputs.dtype), inputs], axis=1)
-  starts = jnp.arange(seq_len // chunk) * chunk
-
-  def one_window(start):  # window [start - H, start + m) of the sequence -> logits at [start, start + m)
-    return model.apply({"params": params}, jax.lax.dynamic_slice_in_dim(padded, start, history + chunk, axis=1))
-
-  logits = jax.lax.map(one_window, starts)  # [chunks, batch, m, vocab], one window at a time
-  return jnp.moveaxis(logits, 0, 1).reshape(batch, seq_len, -1)
+  """Logits [batch, T, vocab] at every position of ``inputs`` [batch, T]: the model's own
+  forward pass. Families whose models read fixed windows (``sith``) give their evaluator
+  another function of this signature."""
+  return model.apply({"params": params}, inputs, segment_ids=segment_ids)
 
 
-def per_token_losses(model, params, batches, mesh, *, roll_seed=None, progress=True, total=None):
-  """Run the model over ``batches`` (an iterable of numpy batch dicts of one shape) and return
-  (loss_sums [T] float64, counts [T] float64, hits [T] float64). One compilation per shape."""
+def per_token_losses(model, params, batches, mesh, *, logits_fn=sequence_logits, roll_seed=None,
+                     progress=True, total=None):
+  """Run the model over ``batches`` (an iterable of numpy batch dicts of one shape; padding
+  examples with ``valid`` = 0 count nowhere) and return (loss_sums [T] float64, counts [T]
+  float64, hits [T] float64, per-sequence mean losses [N] float64). One compilation per shape."""
   sharding = NamedSharding(mesh, P(("data", "fsdp")))
 
   @jax.jit
   def position_losses(params, batch):
-    logits = sequence_logits(model, params, batch["inputs"], batch.get("segment_ids"))
-    losses, hits = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
-    return losses, hits
+    logits = logits_fn(model, params, batch["inputs"], batch.get("segment_ids"))
+    return masked_cross_entropy(logits, batch["targets"], scored_positions(batch))
 
   rng = None if roll_seed is None else np.random.default_rng(roll_seed)
   sums = counts = hits_sum = None
+  sequence_means = []
   for batch in tqdm(batches, desc="per-token loss", total=total, disable=not progress):
     if rng is not None:
       batch = roll_batch(batch, rng)
     placed = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
     losses, hits = position_losses(params, placed)
     losses, hits = np.asarray(losses, np.float64), np.asarray(hits, np.float64)
-    mask = np.asarray(batch["loss_mask"], np.float64)
+    mask = np.asarray(scored_positions(batch), np.float64)
     if sums is None:
       sums, counts, hits_sum = (np.zeros(losses.shape[1]) for _ in range(3))
     sums += losses.sum(0)
     counts += mask.sum(0)
     hits_sum += hits.sum(0)
+    real = mask.sum(1) > 0
+    sequence_means.extend(losses.sum(1)[real] / mask.sum(1)[real])
   if sums is None:
     raise ValueError("per-token loss: the evaluation data gave no batch")
-  return sums, counts, hits_sum
+  return sums, counts, hits_sum, np.asarray(sequence_means)
 
 
 def summarize(sums, counts, num_sequences, tokens_per_word=None):

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lpcjax.kernels import forgetting_attention, sharded_forgetting_attention
+from lpcjax.kernels import forgetting_attention, segment_starts, sharded_forgetting_attention
 from lpcjax.sharding import attention_mesh_axes
 
 from .common import Projection, RMSNorm, dtype_of, normal_init
@@ -41,8 +41,7 @@ class KVShift(nn.Module):
     alpha = jax.nn.sigmoid(alpha)[..., None]  # [batch, seq, heads, 1]
     previous = jnp.pad(candidate, [(0, 0), (1, 0), (0, 0), (0, 0)])[:, :-1]
     if segment_ids is not None:  # nothing shifts across a document boundary
-      starts = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], [(0, 0), (1, 0)])
-      previous = jnp.where(starts[:, :, None, None], 0, previous)
+      previous = jnp.where(segment_starts(segment_ids)[:, :, None, None], 0, previous)
     shifted = alpha * previous.astype(jnp.float32) + (1 - alpha) * candidate.astype(jnp.float32)
     return shifted.astype(candidate.dtype)
 

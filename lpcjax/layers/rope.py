@@ -3,14 +3,15 @@
 import jax.numpy as jnp
 from jax import lax
 
+from lpcjax.kernels import segment_starts
+
 
 def segment_positions(segment_ids, seq_len):
   """Position of each token inside its segment ([batch, seq]); arange when segment_ids is None."""
   positions = jnp.arange(seq_len, dtype=jnp.int32)[None, :]
   if segment_ids is None:
     return positions
-  starts = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], [(0, 0), (1, 0)])
-  start_pos = lax.cummax(jnp.where(starts, positions, 0), axis=1)
+  start_pos = lax.cummax(jnp.where(segment_starts(segment_ids), positions, 0), axis=1)
   return positions - start_pos
 
 

@@ -37,5 +37,4 @@ class FoXConfig(TransformerConfig):
             f"need 0 < gate_t_min <= gate_t_max, got ({self.gate_t_min}, {self.gate_t_max})")
 
 
-register(Family("fox", FoXConfig, DecoderLM,
-                "Forgetting Transformer: softmax attention with a data-dependent forget gate"))
+register(Family("fox", FoXConfig, DecoderLM))

@@ -4,7 +4,8 @@ Used by the configs/*_{125m,360m,760m}.py experiment files. Steps are the paper'
 divided by its 32 x 16384 tokens per step; warmup is its 256M tokens.
 """
 
-from lpcjax.config import ConfigError, DataConfig, ExperimentConfig, TrainConfig
+from lpcjax.config import ConfigError, ExperimentConfig, TrainConfig
+from lpcjax.data import TokenFileConfig
 
 from .fox import FoXConfig
 from .transformer import TransformerConfig
@@ -38,7 +39,7 @@ def paper_experiment(family, size, block="llama"):
   steps = int(tokens // TOKENS_PER_STEP)
   train = TrainConfig(steps=steps, learning_rate=lr, warmup_steps=int(256e6 // TOKENS_PER_STEP),
                       log_every=50, eval_every=1000, eval_batches=16)
-  data = DataConfig(kind="tokens", seq_len=16384, batch_size=32)
+  data = TokenFileConfig(seq_len=16384, batch_size=32)
   suffix = "" if block == "llama" else f"_{block}"
   return ExperimentConfig(model=model, data=data, train=train, name=f"{family}{suffix}_{size}")
 

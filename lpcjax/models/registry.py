@@ -1,29 +1,68 @@
-"""Model families by name: ``lpcjax.models.get("fox")``."""
+"""Model families by name: ``lpcjax.models.get("fox")``.
+
+The family is the one place that knows what its model reads, how it is scored and evaluated,
+so that train.py and eval.py never branch on the family. See the README, "Adding a family".
+"""
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
+import jax.numpy as jnp
+
+from lpcjax.config import ConfigError, require
 from lpcjax.losses import lm_loss
+
+LM_DATA_KINDS = ("mqar", "text", "tokens")
+
+
+def token_inputs(data_config):
+  """Example model inputs for abstract init: int32 tokens [1, seq_len]."""
+  return (jnp.zeros((1, data_config.seq_len), jnp.int32),)
+
+
+def check_vocab(config):
+  """A language model's vocabulary holds every token of its data."""
+  data_vocab = config.data.vocab_size
+  require(config.model.vocab_size >= data_vocab, "model.vocab_size",
+          f"{config.model.vocab_size} is smaller than the {config.data.kind} data's {data_vocab} tokens")
+
+
+def _language_model_evaluator():
+  from lpcjax.evaluation.language_model import LanguageModelEvaluator  # local: evaluation imports models
+  return LanguageModelEvaluator()
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """A model family: its frozen config class and the Linen module built from one config.
+  """A model family.
 
-  Every language-model family shares one calling convention, so training and evaluation never
-  branch on the family: ``module.apply({"params": p}, tokens, segment_ids=None)`` returns
-  float32 logits [batch, seq, vocab] and position t sees only tokens <= t.
-
-  ``loss(apply_fn, params, batch) -> (scalar loss, metrics dict)`` is what training minimizes;
-  families with other objectives (auxiliary losses, contrastive pre-training, losses on part of
-  the window) supply their own.
+  * ``config_cls``: its frozen config dataclass (with a ``family`` class attribute = ``name``);
+    ``module_cls(config)`` is the Linen module.
+  * ``loss(apply_fn, params, batch, *, rng, step, mutable, train) -> (loss, metrics,
+    new_mutable)``: see ``lpcjax.losses``. Default: next-token cross-entropy.
+  * ``example_inputs(data_config)``: the positional arguments of ``module.init`` (a batch of
+    one, any pytree of any dtypes). Default: int32 tokens [1, seq_len].
+  * ``data_kinds``: the ``data.kind`` values it reads; ``check(experiment_config)`` raises a
+    ConfigError on an impossible model/data pairing (default: the vocabulary covers the data's).
+  * ``mutable``: variable collections the model updates in training (e.g. ``("batch_stats",)``);
+    they live in the TrainState and are sharded, checkpointed and restored like the params.
+  * ``rng_streams``: the rng names the model draws from at init (e.g. ``("dropout",)``).
+  * ``throughput_unit`` and ``units_per_example(config)``: what the progress bar counts.
+  * ``evaluator()``: a factory of the object eval.py runs (``lpcjax.evaluation.Evaluator``).
   """
 
   name: str
   config_cls: type
   module_cls: type
-  description: str = ""
   loss: Callable = lm_loss
+  example_inputs: Callable = token_inputs
+  data_kinds: tuple = LM_DATA_KINDS
+  check: Callable = check_vocab
+  mutable: tuple = ()
+  rng_streams: tuple = ()
+  throughput_unit: str = "tokens"
+  units_per_example: Callable = lambda config: config.data.seq_len
+  evaluator: Callable[[], Any] = _language_model_evaluator
 
   def build(self, config):
     if not isinstance(config, self.config_cls):
@@ -43,7 +82,7 @@ def register(family):
 
 def get(name):
   if name not in _FAMILIES:
-    raise KeyError(f"unknown model family {name!r}; known: {sorted(_FAMILIES)}")
+    raise ConfigError(f"model.family: unknown model family {name!r}; known: {', '.join(sorted(_FAMILIES))}")
   return _FAMILIES[name]
 
 

@@ -6,7 +6,7 @@ compressed once, before the first block, into L slots (``lpcjax.layers.sith``); 
 runs unchanged on [L slots; m tokens] with learned positions for all L + m inputs. Attention
 mask: a token sees every slot and the tokens up to itself; a slot sees only slots (a slot that
 saw a token would leak that token into the slots every earlier token reads). The model predicts
-the m recent tokens only: logits [batch, m, vocab], and ``sith_loss`` scores exactly those m
+the m recent tokens only: logits [batch, m, vocab], and ``lm_loss`` scores exactly those m
 positions. Windows are taken with stride m, so every token is predicted once, with up to H
 tokens of (compressed) history.
 """
@@ -21,9 +21,8 @@ import jax.numpy as jnp
 from lpcjax.config import require, require_choice
 from lpcjax.layers.common import DTYPES, dtype_of, normal_init
 from lpcjax.layers.sith import TABLE_C, SITHCompressor, sith_peaks
-from lpcjax.losses import masked_cross_entropy
 
-from .registry import Family, register
+from .registry import Family, check_vocab, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +55,10 @@ class SITHConfig:
     require(self.c > 0, "model.c", "must be > 0")
     require_choice(self.dtype, "model.dtype", set(DTYPES))
     require_choice(self.param_dtype, "model.param_dtype", set(DTYPES))
+
+  def describe(self):
+    """A short label for plots and reports."""
+    return f"delta L={self.num_filters}" if self.delta_pulse else f"L={self.num_filters}, k={self.k:g}"
 
   @property
   def history_len(self):
@@ -125,17 +128,38 @@ class SITHLM(nn.Module):
     return wte.attend(x).astype(jnp.float32)  # GPT-2 ties the output layer to wte
 
 
-def sith_loss(apply_fn, params, batch):
-  """Cross-entropy over the m predicted tokens only (the last m targets of each window)."""
-  logits = apply_fn({"params": params}, batch["inputs"])
-  chunk = logits.shape[1]
-  mask = batch["loss_mask"][:, -chunk:]
-  losses, hits = masked_cross_entropy(logits, batch["targets"][:, -chunk:], mask)
-  count = jnp.maximum(mask.sum(), 1.0)
-  loss = losses.sum() / count
-  return loss, {"loss": loss, "accuracy": hits.sum() / count, "count": mask.sum()}
+def windowed_logits(model, params, inputs, segment_ids=None):
+  """Logits [batch, T, vocab] at every position of a long sequence ``inputs`` [batch, T]: the
+  model is run the way it is trained, over windows with stride m, so each position is predicted
+  once with up to H tokens of history. Before the sequence starts the history holds
+  <|endoftext|> (token 0 for vocabularies smaller than GPT-2's), as at the start of a document."""
+  del segment_ids  # windows are contiguous text
+  cfg = model.config
+  history, chunk = cfg.history_len, cfg.chunk_len
+  batch, seq_len = inputs.shape
+  if seq_len % chunk:
+    raise ValueError(f"eval_len {seq_len} must be a multiple of the model's chunk length m = {chunk}")
+  fill = 50256 if cfg.vocab_size > 50256 else 0
+  padded = jnp.concatenate([jnp.full((batch, history), fill, inputs.dtype), inputs], axis=1)
+  starts = jnp.arange(seq_len // chunk) * chunk
+
+  def one_window(start):  # window [start - H, start + m) of the sequence -> logits at [start, start + m)
+    return model.apply({"params": params}, jax.lax.dynamic_slice_in_dim(padded, start, history + chunk, axis=1))
+
+  logits = jax.lax.map(one_window, starts)  # [chunks, batch, m, vocab], one window at a time
+  return jnp.moveaxis(logits, 0, 1).reshape(batch, seq_len, -1)
 
 
-register(Family("sith", SITHConfig, SITHLM,
-                "GPT-2 over L SITH log-compressed slots + the m recent tokens (loss on the m)",
-                loss=sith_loss))
+def check_sith(config):
+  check_vocab(config)
+  require(config.data.seq_len == config.model.window_len, "data.seq_len",
+          f"the sith model reads windows of H + m = {config.model.window_len} tokens, got {config.data.seq_len}")
+
+
+def _evaluator():
+  from lpcjax.evaluation.language_model import LanguageModelEvaluator  # local: evaluation imports models
+  return LanguageModelEvaluator(sequence_logits=windowed_logits)
+
+
+# lm_loss scores the last m targets of each window, the positions the model predicts.
+register(Family("sith", SITHConfig, SITHLM, check=check_sith, evaluator=_evaluator))

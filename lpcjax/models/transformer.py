@@ -61,6 +61,10 @@ class TransformerConfig:
     from lpcjax.kernels import available_impls
     require_choice(self.attention_impl, "model.attention_impl", set(available_impls()))
 
+  def describe(self):
+    """A short label for plots and reports."""
+    return self.block + (", RoPE" if self.use_rope else "")
+
   @property
   def resolved_head_dim(self):
     return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
@@ -90,5 +94,4 @@ class TransformerConfig:
     return swiglu_hidden_size(self.d_model, ratio, self.mlp_multiple_of)
 
 
-register(Family("transformer", TransformerConfig, DecoderLM,
-                "LLaMA / Pro decoder with causal softmax attention (RoPE by default)"))
+register(Family("transformer", TransformerConfig, DecoderLM))

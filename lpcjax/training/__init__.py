@@ -1,10 +1,12 @@
-"""Training: reusable steps (``steps``), checkpoints (``checkpoint``) and the run (``loop``)."""
+"""Training: reusable steps (``steps``), checkpoints (``checkpoint``), run directories
+(``runs``) and the run (``loop``)."""
 
 from .checkpoint import Checkpointer, has_checkpoint
-from .loop import TrainingError, evaluate, train
-from .steps import (TrainState, create_train_state, decay_mask, eval_step, init_params, make_optimizer,
-                    state_shardings, train_step)
+from .loop import TrainingError, train
+from .runs import RunError, num_params, read_config, restore_state
+from .steps import (TrainState, create_train_state, decay_mask, eval_step, init_params, init_variables,
+                    make_optimizer, state_shardings, train_step)
 
-__all__ = ["Checkpointer", "TrainState", "TrainingError", "create_train_state", "decay_mask",
-           "eval_step", "evaluate", "has_checkpoint", "init_params", "make_optimizer",
-           "state_shardings", "train", "train_step"]
+__all__ = ["Checkpointer", "RunError", "TrainState", "TrainingError", "create_train_state", "decay_mask",
+           "eval_step", "has_checkpoint", "init_params", "init_variables", "make_optimizer", "num_params",
+           "read_config", "restore_state", "state_shardings", "train", "train_step"]

@@ -2,7 +2,7 @@
 imports orbax.
 
 Each save writes <run_dir>/checkpoints/<step>/ with two items: ``state`` (params, optimizer
-state, step; sharded arrays written by every process) and ``data`` (the Grain iterator state).
+state, step, the model's mutable collections; sharded arrays written by every process) and ``data`` (the Grain iterator state).
 Orbax writes into a temporary directory and renames it when complete, and refuses to write a
 step that exists, so a failed or interrupted run never replaces a good checkpoint.
 """
@@ -23,6 +23,15 @@ def has_checkpoint(run_dir):
   return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
 
 
+def _saved_fields(state):
+  """The checkpointed part of a TrainState, as a dict. An empty ``mutable`` is left out, so the
+  checkpoints of models without mutable collections keep the layout they have always had."""
+  fields = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+  if state.mutable:
+    fields["mutable"] = state.mutable
+  return fields
+
+
 class Checkpointer:
   """Save/restore (state, data iterator) pairs; keeps the last ``keep`` steps; saves async."""
 
@@ -34,9 +43,12 @@ class Checkpointer:
   def latest_step(self):
     return self.manager.latest_step()
 
+  def all_steps(self):
+    return sorted(self.manager.all_steps())
+
   def save(self, step, state, data_iterator):
     self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iterator)),
+        state=ocp.args.StandardSave(_saved_fields(state)), data=grain.checkpoint.CheckpointSave(data_iterator)),
         force=True)
 
   def restore(self, abstract_state, shardings, data_iterator=None, step=None):
@@ -45,10 +57,10 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           abstract_state, shardings)
-    items = {"state": ocp.args.StandardRestore(target)}
+    items = {"state": ocp.args.StandardRestore(_saved_fields(target))}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-    return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
+    return target.replace(**self.manager.restore(step, args=ocp.args.Composite(**items))["state"])
 
   def close(self):
     self.manager.wait_until_finished()

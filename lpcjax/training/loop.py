@@ -9,6 +9,10 @@ On SIGTERM or SIGINT the current step finishes, a checkpoint is saved and ``trai
 normally (exit 0: the scheduler may restart the job with --resume). A non-finite loss or
 gradient skips the update; after ``train.max_nonfinite_steps`` of them in a row the run stops
 with an error and saves nothing, so the last good checkpoint stays the latest.
+
+Every metric the family's loss returns ({name: (sum, weight)}) is logged as sum / weight:
+per logged step in training, and summed over the whole evaluation set (float64, on the host)
+in evaluation, where it is written as ``eval_<name>``.
 """
 
 import contextlib
@@ -21,7 +25,7 @@ import time
 
 import flax.linen as nn
 import jax
-import numpy as np
+import jax.numpy as jnp
 from jax.experimental import checkify
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -34,6 +38,7 @@ from lpcjax.files import write_json_atomic
 from lpcjax.sharding import make_mesh, rules_from_config
 
 from .checkpoint import Checkpointer, has_checkpoint
+from .runs import check_same_structure, num_params, parse_run_spec, read_config, restore_state
 from .steps import create_train_state, eval_step, make_optimizer, state_shardings, train_step
 
 
@@ -78,13 +83,12 @@ def run_directory(config, resume):
 
 def check_resumable(run_dir, config):
   """The model and data of a resumed run must be the checkpoint's; train.* may change."""
-  with open(os.path.join(run_dir, "config.json")) as f:
-    saved = json.load(f)
+  saved = config_lib.to_dict(read_config(run_dir))
   now = config_lib.to_dict(config)
   for section in ("model", "data"):
     for key in sorted(set(saved[section]) | set(now[section])):
       old, new = saved[section].get(key), now[section].get(key)
-      if (list(old) if isinstance(old, (list, tuple)) else old) != (list(new) if isinstance(new, (list, tuple)) else new):
+      if old != new:
         raise config_lib.ConfigError(f"{section}.{key}: the checkpoint in {run_dir} was trained with "
                                      f"{old!r}, this config says {new!r}")
 
@@ -141,17 +145,57 @@ class MetricsLog:
       self.tensorboard.close()
 
 
-def jit_steps(family, config, shardings):
-  """(train_step, eval_step), compiled; with model.debug_checks the checkify value checks of the
+def metric_means(metrics):
+  """{name: (sum, weight)} -> {name: sum / weight} as Python floats (NaN where weight is 0)."""
+  return {name: float(total) / float(weight) if float(weight) else float("nan")
+          for name, (total, weight) in metrics.items()}
+
+
+class TrainingData:
+  """The training iterator, the evaluation set and the placement of a process's batches as
+  global arrays sharded over the mesh's batch axes."""
+
+  def __init__(self, config, mesh):
+    data_ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    if config.data.batch_size % (data_ways * config.train.grad_accum_steps):
+      raise config_lib.ConfigError(
+          f"data.batch_size: {config.data.batch_size} is not divisible by the data axes (data x fsdp "
+          f"= {data_ways}) times train.grad_accum_steps={config.train.grad_accum_steps}")
+    self.sharding = NamedSharding(mesh, P(("data", "fsdp")))
+    self.train = make_iterator(make_dataset(config.data, config.train.seed, "train"))
+    max_examples = config.train.eval_batches * config.data.batch_size or None
+    self.eval = make_dataset(config.data, config.train.seed, "eval", max_examples=max_examples)
+
+  def place(self, batch):
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.sharding, x), batch)
+
+  def evaluate(self, state, eval_fn):
+    """``eval_<name>`` = the mean of every metric over the whole evaluation set (sums and
+    weights accumulated in float64), ``eval_weight`` the loss's total weight (scored tokens for
+    language models) and ``eval_examples`` the number of evaluation examples."""
+    totals, examples = {}, 0.0
+    for batch in make_iterator(self.eval):
+      placed = self.place(batch)
+      examples += float(jnp.sum(placed["valid"]))
+      for name, (total, weight) in eval_fn(state, placed).items():
+        previous = totals.get(name, (0.0, 0.0))
+        totals[name] = (previous[0] + float(total), previous[1] + float(weight))
+    record = {f"eval_{name}": mean for name, mean in metric_means(totals).items()}
+    record.update(eval_weight=totals["loss"][1], eval_examples=int(examples))
+    return record
+
+
+def compiled_steps(family, config, shardings):
+  """(train_step, eval_step), jitted; with model.debug_checks the checkify value checks of the
   model raise on the host after the step that failed them."""
-  step = functools.partial(train_step, loss_fn=family.loss, accum_steps=config.train.grad_accum_steps)
+  step = functools.partial(train_step, loss_fn=family.loss, accum_steps=config.train.grad_accum_steps,
+                           seed=config.train.seed)
   evaluate_batch = functools.partial(eval_step, loss_fn=family.loss)
   if not getattr(config.model, "debug_checks", False):
-    return (jax.jit(step, donate_argnums=0, out_shardings=(shardings, None)),
-            jax.jit(evaluate_batch, static_argnums=1))
+    return jax.jit(step, donate_argnums=0, out_shardings=(shardings, None)), jax.jit(evaluate_batch)
 
   checked_step = jax.jit(checkify.checkify(step, errors=checkify.user_checks))
-  checked_eval = jax.jit(checkify.checkify(evaluate_batch, errors=checkify.user_checks), static_argnums=1)
+  checked_eval = jax.jit(checkify.checkify(evaluate_batch, errors=checkify.user_checks))
 
   def run_checked(fn, *args):
     err, out = fn(*args)
@@ -161,16 +205,33 @@ def jit_steps(family, config, shardings):
   return functools.partial(run_checked, checked_step), functools.partial(run_checked, checked_eval)
 
 
-def evaluate(params, apply_fn, eval_fn, dataset, num_batches, place):
-  """Mean masked loss and accuracy over the first ``num_batches`` eval batches (float64 sums)."""
-  totals = {"loss_sum": 0.0, "hits": 0.0, "count": 0.0}
-  for _, batch in zip(range(num_batches), make_iterator(dataset)):
-    out = eval_fn(params, apply_fn, place(batch))
-    for key in totals:
-      totals[key] += float(out[key])
-  count = max(totals["count"], 1.0)
-  return {"eval_loss": totals["loss_sum"] / count, "eval_accuracy": totals["hits"] / count,
-          "eval_tokens": int(totals["count"])}
+def weights_from_run(spec, abstract, shardings, mesh, rules):
+  """(params, mutable collections) of another run's checkpoint (``train.init_from``), checked
+  against this model's and placed into this run's shardings."""
+  run_dir, step = parse_run_spec(spec)
+  _, _, _, other = restore_state(run_dir, mesh, rules, step)
+  where = f"{run_dir} (step {int(other.step)})"
+  check_same_structure(abstract.params, other.params, where)
+  check_same_structure(abstract.mutable, other.mutable, where)
+  return jax.device_put((other.params, other.mutable), (shardings.params, shardings.mutable))
+
+
+def initial_state(family, model, config, run_dir, resume, data, checkpointer, mesh, rules):
+  """(state, start step): the latest checkpoint when resuming, else a new state (from
+  ``train.init_from``'s weights if set), whose config is written to the run directory."""
+  optimizer = make_optimizer(config.train)
+  abstract, shardings = state_shardings(family, model, config, optimizer, mesh, rules)
+  start = checkpointer.latest_step() if resume else None
+  if start is not None:
+    check_resumable(run_dir, config)
+    return checkpointer.restore(abstract, shardings, data.train, step=start), start, shardings
+  state = create_train_state(family, model, config, optimizer, shardings)
+  if config.train.init_from:
+    params, mutable = weights_from_run(config.train.init_from, abstract, shardings, mesh, rules)
+    state = state.replace(params=params, mutable=mutable)
+  if jax.process_index() == 0:  # processes share the run directory: one writer
+    write_json_atomic(os.path.join(run_dir, "config.json"), config_lib.to_dict(config))
+  return state, 0, shardings
 
 
 def train(config, resume=False, progress=True, devices=None):
@@ -178,80 +239,66 @@ def train(config, resume=False, progress=True, devices=None):
   family = models.get(config.model.family)
   model = family.build(config.model)
   mesh = make_mesh(config.train, devices)
-  data_ways = mesh.shape["data"] * mesh.shape["fsdp"]
-  if config.data.batch_size % (data_ways * config.train.grad_accum_steps):
-    raise config_lib.ConfigError(
-        f"data.batch_size: {config.data.batch_size} is not divisible by the data axes (data x fsdp "
-        f"= {data_ways}) times train.grad_accum_steps={config.train.grad_accum_steps}")
   rules = rules_from_config(config.train)
-  batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
-  place = lambda batch: {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in batch.items()}
-
-  train_data = make_iterator(make_dataset(config.data, config.train.seed, "train"))
-  eval_data = make_dataset(config.data, config.train.seed, "eval")
+  data = TrainingData(config, mesh)
   run_dir = run_directory(config, resume)  # after the data: bad data leaves no empty run dir
-
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    optimizer = make_optimizer(config.train)
-    abstract, shardings = state_shardings(model, config, optimizer, mesh, rules)
     checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
-    start = checkpointer.latest_step() if resume else None
-    if start is not None:
-      check_resumable(run_dir, config)
-      state = checkpointer.restore(abstract, shardings, train_data, step=start)
-    else:
-      start = 0
-      write_json_atomic(os.path.join(run_dir, "config.json"), config_lib.to_dict(config))
-      state = create_train_state(model, config, optimizer, shardings)
-    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
-    train_fn, eval_fn = jit_steps(family, config, shardings)
-    run_eval = lambda: evaluate(state.params, state.apply_fn, eval_fn, eval_data,
-                                config.train.eval_batches, place)
-
-    total = config.train.steps
-    tokens_per_step = config.data.batch_size * config.data.seq_len
-    saved_step, preempted = start, False
-
-    def stop_for_nonfinite():  # returns the latest checkpoint step, which stays the latest
-      checkpointer.close()
-      return saved_step
-
-    guard = NonfiniteGuard(config.train.max_nonfinite_steps, stop_for_nonfinite)
-    is_main = jax.process_index() == 0
-    bar = tqdm(range(start, total), initial=start, total=total, desc=config.name,
-               disable=not (progress and is_main), dynamic_ncols=True)
-    clock = time.perf_counter()
-    log = MetricsLog(run_dir, config.train.tensorboard)
-    with contextlib.closing(log), stop_requests() as stop:
-      for step in bar:
-        state, metrics = train_fn(state, place(next(train_data)))
-        done = step + 1
-        guard.push(done, metrics["finite"])
-        if done % config.train.log_every == 0 or done == total:
-          record = {"step": done, **{k: float(v) for k, v in metrics.items() if k != "count"},
-                    "tokens_per_sec": (done - start) * tokens_per_step / (time.perf_counter() - clock)}
-          log.write(record)
-          bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
-        if config.train.eval_every and done % config.train.eval_every == 0 and done < total:
-          log.write({"step": done, **run_eval()})
-        if stop["stop"] or (config.train.checkpoint_every and done % config.train.checkpoint_every == 0):
-          checkpointer.save(done, state, train_data)
-          saved_step = done
-        if stop["stop"]:
-          preempted = True
-          break
-      guard.flush()
-      final = {"step": saved_step if preempted else total}
-      if not preempted:
-        final.update(run_eval())
-        log.write(final)
-        if saved_step != total:
-          checkpointer.save(total, state, train_data)
+    state, start, shardings = initial_state(family, model, config, run_dir, resume, data, checkpointer,
+                                            mesh, rules)
+    train_fn, eval_fn = compiled_steps(family, config, shardings)
+    size, clock = num_params(state.params), time.perf_counter()
+    final, preempted = run_steps(config, family, state, start, train_fn, eval_fn, data, checkpointer,
+                                 run_dir, progress)
     checkpointer.close()
-
-  summary = {**final, "num_params": num_params, "train_seconds": time.perf_counter() - clock,
-             "family": config.model.family, "name": config.name, "preempted": preempted,
-             "mesh": dict(mesh.shape)}
-  if is_main:
+    summary = {**final, "num_params": size, "train_seconds": time.perf_counter() - clock,
+               "family": config.model.family, "name": config.name, "preempted": preempted,
+               "mesh": dict(mesh.shape)}
+  if jax.process_index() == 0:
     write_json_atomic(os.path.join(run_dir, "summary.json"), summary)
   return run_dir, summary
+
+
+def run_steps(config, family, state, start, train_fn, eval_fn, data, checkpointer, run_dir, progress):
+  """The step loop from ``start`` to ``train.steps``: log, evaluate, checkpoint, stop on request.
+  Returns (final record, preempted)."""
+  total, cfg = config.train.steps, config.train
+  units_per_step = config.data.batch_size * family.units_per_example(config)
+  rate_key = f"{family.throughput_unit}_per_sec"
+  saved_step, preempted = start, False
+
+  def stop_for_nonfinite():  # returns the latest checkpoint step, which stays the latest
+    checkpointer.close()
+    return saved_step
+
+  guard = NonfiniteGuard(cfg.max_nonfinite_steps, stop_for_nonfinite)
+  bar = tqdm(range(start, total), initial=start, total=total, desc=config.name,
+             disable=not (progress and jax.process_index() == 0), dynamic_ncols=True)
+  clock = time.perf_counter()
+  log = MetricsLog(run_dir, cfg.tensorboard)
+  with contextlib.closing(log), stop_requests() as stop:
+    for step in bar:
+      state, metrics = train_fn(state, data.place(next(data.train)))
+      done = step + 1
+      guard.push(done, metrics["finite"][0])
+      if done % cfg.log_every == 0 or done == total:
+        record = {"step": done, **metric_means(metrics),
+                  rate_key: (done - start) * units_per_step / (time.perf_counter() - clock)}
+        log.write(record)
+        bar.set_postfix({"loss": f"{record['loss']:.3f}", rate_key: f"{record[rate_key]:.0f}"})
+      if cfg.eval_every and done % cfg.eval_every == 0 and done < total:
+        log.write({"step": done, **data.evaluate(state, eval_fn)})
+      if stop["stop"] or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+        checkpointer.save(done, state, data.train)
+        saved_step = done
+      if stop["stop"]:
+        preempted = True
+        break
+    guard.flush()
+    final = {"step": saved_step if preempted else total}
+    if not preempted:
+      final.update(data.evaluate(state, eval_fn))
+      log.write(final)
+      if saved_step != total:
+        checkpointer.save(total, state, data.train)
+  return final, preempted

@@ -1,12 +1,15 @@
-"""The reusable pieces of training: loss, optimizer, sharded state, jitted train and eval steps.
+"""The reusable pieces of training: optimizer, sharded state, jitted train and eval steps.
 
-The harness never branches on the model family: a family supplies ``loss(apply_fn, params,
-batch) -> (loss, metrics)`` (``lpcjax.losses.lm_loss`` for language models, see
-``lpcjax.models.registry.Family``).
+The harness never branches on the model family: the family supplies the example inputs for
+init, the loss (see ``lpcjax.losses`` for its contract), the mutable collections and rng streams
+(``lpcjax.models.registry.Family``).
 """
 
 import dataclasses
+import functools
+from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -19,7 +22,10 @@ from lpcjax.losses import lm_loss
 
 
 class TrainState(train_state.TrainState):
-  pass
+  """Params, optimizer state, step, and the model's mutable collections (``{}`` for models
+  without any; ``{"batch_stats": ...}`` for BatchNorm), checkpointed together."""
+
+  mutable: Any = flax.struct.field(default_factory=dict)
 
 
 def decay_mask(params):
@@ -46,68 +52,119 @@ def _init_model(model):
   return model
 
 
-def init_params(model, seq_len, seed):
+def init_variables(family, model, data_config, seed):
+  """The model's boxed variables (params and mutable collections), from the family's example
+  inputs. The params key is PRNGKey(seed); other streams are folded from it."""
+  key = jax.random.PRNGKey(seed)
+  rngs = {"params": key, **{name: jax.random.fold_in(key, i + 1) for i, name in enumerate(family.rng_streams)}}
+  return _init_model(model).init(rngs, *family.example_inputs(data_config))
+
+
+def _split_variables(family, variables):
+  variables = nn.meta.unbox(variables)
+  return variables["params"], {name: variables[name] for name in family.mutable if name in variables}
+
+
+def init_params(family, model, data_config, seed):
   """Unboxed float params (logical axis names stripped; see nn.get_partition_spec for them)."""
-  tokens = jnp.zeros((1, seq_len), jnp.int32)
-  return nn.meta.unbox(_init_model(model).init(jax.random.PRNGKey(seed), tokens)["params"])
+  return _split_variables(family, init_variables(family, model, data_config, seed))[0]
 
 
-def state_shardings(model, config, optimizer, mesh, rules):
-  """(abstract TrainState, its NamedShardings): params by their logical names under ``rules``,
-  optimizer moments like their params, everything else replicated. ``optimizer`` must be the
-  one the state is created with (it is part of the TrainState's static structure)."""
-  tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
-  boxed = jax.eval_shape(_init_model(model).init, jax.random.PRNGKey(0), tokens)["params"]
-  param_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
-  abstract = jax.eval_shape(lambda: _create(model, config, optimizer))
+def _create(family, model, config, optimizer):
+  params, mutable = _split_variables(family, init_variables(family, model, config.data, config.train.seed))
+  return TrainState.create(apply_fn=model.apply, params=params, tx=optimizer, mutable=mutable)
+
+
+def state_shardings(family, model, config, optimizer, mesh, rules):
+  """(abstract TrainState, its NamedShardings): params and mutable collections by their logical
+  names under ``rules`` (replicated where they have none), optimizer moments like their params,
+  everything else replicated. ``optimizer`` must be the one the state is created with (it is
+  part of the TrainState's static structure)."""
+  boxed = jax.eval_shape(lambda: init_variables(family, model, config.data, config.train.seed))
+  variable_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+  param_shardings, mutable_shardings = _split_variables(family, variable_shardings)
+  abstract = jax.eval_shape(lambda: _create(family, model, config, optimizer))
   replicated = NamedSharding(mesh, P())
   opt_shardings = optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract.opt_state,
                                         param_shardings, transform_non_params=lambda _: replicated)
-  shardings = abstract.replace(step=replicated, params=param_shardings, opt_state=opt_shardings)
+  shardings = abstract.replace(step=replicated, params=param_shardings, opt_state=opt_shardings,
+                               mutable=mutable_shardings)
   return abstract, shardings
 
 
-def _create(model, config, optimizer):
-  params = init_params(model, config.data.seq_len, config.train.seed)
-  return TrainState.create(apply_fn=model.apply, params=params, tx=optimizer)
-
-
-def create_train_state(model, config, optimizer=None, shardings=None):
+def create_train_state(family, model, config, optimizer=None, shardings=None):
   """A fresh TrainState, built directly into ``shardings`` (never materialized unsharded)."""
   optimizer = make_optimizer(config.train) if optimizer is None else optimizer
-  return jax.jit(lambda: _create(model, config, optimizer), out_shardings=shardings)()
+  return jax.jit(lambda: _create(family, model, config, optimizer), out_shardings=shardings)()
 
 
 def _global_norm(tree):
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
-def train_step(state, batch, loss_fn=lm_loss, accum_steps=1):
-  """One optimizer step on ``batch`` (split into ``accum_steps`` micro-batches whose gradients
-  are averaged). A non-finite loss or gradient leaves the state unchanged (metrics["finite"]=0)."""
-  grad_fn = jax.value_and_grad(lambda p, b: loss_fn(state.apply_fn, p, b), has_aux=True)
+def step_rng(seed, step):
+  """The training key of ``step``: a function of (seed, step) only, so resume stays bitwise."""
+  return jax.random.fold_in(jax.random.PRNGKey(seed), step)
+
+
+def micro_batches(batch, accum_steps):
+  """[B, ...] -> [K, B/K, ...] with micro-batch k = rows k, K + k, 2K + k, ...: each device's
+  contiguous block of rows splits into K local pieces, so no data moves between devices (taking
+  contiguous blocks of B/K rows instead would gather rows across the data-sharded batch axis)."""
+  def split(x):
+    local = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:])
+    local = nn.with_logical_constraint(local, ("activation_batch",) + (None,) * (local.ndim - 1))
+    return jnp.swapaxes(local, 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def train_step(state, batch, loss_fn=lm_loss, accum_steps=1, seed=0):
+  """One optimizer step on ``batch``, optionally as ``accum_steps`` micro-batches whose gradients
+  are weighted by their ``metrics["loss"]`` weights (exact when the micro-batches score different
+  numbers of positions). A non-finite loss or gradient leaves the state unchanged (finite = 0).
+  Returns (state, metrics as {name: (sum, weight)})."""
+  rng = step_rng(seed, state.step)
+
+  def loss_of(params, micro_batch, mutable, key, *, weighted):
+    loss, metrics, new_mutable = loss_fn(state.apply_fn, params, micro_batch, rng=key, step=state.step,
+                                         mutable=mutable, train=True)
+    if weighted:  # the micro-batch's loss sum: sums of micro-batches add up to the batch's
+      loss = loss * jax.lax.stop_gradient(metrics["loss"][1])
+    return loss, (metrics, new_mutable)
+
   if accum_steps == 1:
-    (_, metrics), grads = grad_fn(state.params, batch)
+    grad_fn = jax.value_and_grad(functools.partial(loss_of, weighted=False), has_aux=True)
+    (_, (metrics, mutable)), grads = grad_fn(state.params, batch, state.mutable, rng)
   else:
-    micro = jax.tree.map(lambda x: x.reshape((accum_steps, -1) + x.shape[1:]), batch)
+    grad_fn = jax.value_and_grad(functools.partial(loss_of, weighted=True), has_aux=True)
 
-    def accumulate(total, micro_batch):
-      (_, metrics), grads = grad_fn(state.params, micro_batch)
-      return jax.tree.map(jnp.add, total, (grads, metrics)), None
+    def accumulate(carry, inputs):
+      grads, metrics, mutable = carry
+      index, micro_batch = inputs
+      (_, (new_metrics, mutable)), new_grads = grad_fn(state.params, micro_batch, mutable,
+                                                       jax.random.fold_in(rng, index))
+      return (jax.tree.map(jnp.add, grads, new_grads), jax.tree.map(jnp.add, metrics, new_metrics), mutable), None
 
-    (_, metrics_shape), grads_shape = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro))
+    micro = micro_batches(batch, accum_steps)
+    first = jax.tree.map(lambda x: x[0], micro)
+    (_, (metrics_shape, _)), grads_shape = jax.eval_shape(grad_fn, state.params, first, state.mutable, rng)
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), (grads_shape, metrics_shape))
-    (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
-    grads, metrics = jax.tree.map(lambda x: x / accum_steps, (grads, metrics))
+    (grads, metrics, mutable), _ = jax.lax.scan(accumulate, (*zeros, state.mutable),
+                                                (jnp.arange(accum_steps), micro))
+    grads = jax.tree.map(lambda g: g / jnp.maximum(metrics["loss"][1], 1e-12), grads)
   grad_norm = _global_norm(grads)
-  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+  finite = jnp.isfinite(metrics["loss"][0]) & jnp.isfinite(grad_norm)
   updated = state.apply_gradients(grads=grads)
+  if state.mutable:
+    updated = updated.replace(mutable=mutable)
   state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
-  return state, {**metrics, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
+  one = jnp.float32(1.0)
+  return state, {**metrics, "grad_norm": (grad_norm, one), "finite": (finite.astype(jnp.float32), one)}
 
 
-def eval_step(params, apply_fn, batch, loss_fn=lm_loss):
-  """Sums (not means) so that batches can be accumulated exactly."""
-  _, metrics = loss_fn(apply_fn, params, batch)
-  count = metrics["count"]
-  return {"loss_sum": metrics["loss"] * count, "hits": metrics["accuracy"] * count, "count": count}
+def eval_step(state, batch, loss_fn=lm_loss):
+  """The loss's metrics {name: (sum, weight)} on ``batch`` in evaluation mode (``train=False``,
+  mutable collections read, not updated): sums, so that batches can be accumulated exactly."""
+  _, metrics, _ = loss_fn(state.apply_fn, state.params, batch, rng=jax.random.PRNGKey(0), step=state.step,
+                          mutable=state.mutable, train=False)
+  return metrics

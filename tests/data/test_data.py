@@ -6,8 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from lpcjax.config import DataConfig
-from lpcjax.data import (DataError, MQARSource, TokenWindowSource, load_gpt2_tokenizer, load_token_file,
+from lpcjax.data import (DataError, MQARDataConfig, MQARSource, TokenWindowSource, load_gpt2_tokenizer, load_token_file,
                          make_dataset, make_iterator, mqar_example, prepare)
 
 
@@ -24,7 +23,7 @@ def test_mqar_answers_are_the_paired_values():
 
 
 def test_mqar_examples_depend_only_on_seed_split_and_index():
-  cfg = DataConfig(seq_len=64, batch_size=4, mqar_vocab_size=256, mqar_num_pairs=4)
+  cfg = MQARDataConfig(seq_len=64, batch_size=4, mqar_vocab_size=256, mqar_num_pairs=4)
   a, b = MQARSource(cfg, 1, "train")[5], MQARSource(cfg, 1, "train")[5]
   np.testing.assert_array_equal(a["inputs"], b["inputs"])
   assert not np.array_equal(a["inputs"], MQARSource(cfg, 1, "train")[6]["inputs"])
@@ -33,7 +32,7 @@ def test_mqar_examples_depend_only_on_seed_split_and_index():
 
 
 def test_processes_read_disjoint_halves_of_each_global_batch():
-  cfg = DataConfig(seq_len=32, batch_size=4, mqar_vocab_size=64, mqar_num_pairs=2)
+  cfg = MQARDataConfig(seq_len=32, batch_size=4, mqar_vocab_size=64, mqar_num_pairs=2)
   whole = next(make_iterator(make_dataset(cfg, 0, "train", 0, 1)))["inputs"]
   halves = [next(make_iterator(make_dataset(cfg, 0, "train", p, 2)))["inputs"] for p in (0, 1)]
   assert halves[0].shape == (2, 32)
@@ -43,7 +42,7 @@ def test_processes_read_disjoint_halves_of_each_global_batch():
 
 
 def test_iterator_state_restores_the_position():
-  cfg = DataConfig(seq_len=32, batch_size=2, mqar_vocab_size=64, mqar_num_pairs=2)
+  cfg = MQARDataConfig(seq_len=32, batch_size=2, mqar_vocab_size=64, mqar_num_pairs=2)
   it = make_iterator(make_dataset(cfg, 0, "train"))
   next(it), next(it)
   state = it.get_state()

@@ -8,7 +8,8 @@ import pytest
 from lpcjax import config as C
 from lpcjax import models
 from lpcjax.data import TokenWindowSource
-from lpcjax.models.sith import sith_loss, slot_token_mask
+from lpcjax.losses import lm_loss
+from lpcjax.models.sith import slot_token_mask
 from lpcjax.training import train
 
 from conftest import tiny_experiment
@@ -51,8 +52,8 @@ def test_loss_counts_exactly_the_chunk():
   batch = {"inputs": jnp.asarray(rng.integers(0, 50, (3, cfg.window_len))),
            "targets": jnp.asarray(rng.integers(0, 50, (3, cfg.window_len))),
            "loss_mask": jnp.ones((3, cfg.window_len))}
-  loss, metrics = sith_loss(model.apply, params["params"], batch)
-  assert float(metrics["count"]) == 3 * cfg.chunk_len
+  loss, metrics, _ = lm_loss(model.apply, params["params"], batch)
+  assert float(metrics["loss"][1]) == 3 * cfg.chunk_len
   logits = np.asarray(model.apply(params, batch["inputs"]), np.float64)
   targets = np.asarray(batch["targets"])[:, -cfg.chunk_len:]
   log_z = np.log(np.exp(logits).sum(-1))
@@ -79,5 +80,5 @@ def test_sith_trains_through_the_shared_harness(tmp_path):
                            name="sith")
   _, summary = train(cfg, progress=False, devices=jax.devices()[:1])
   # MQAR scores only the answers, and SITH only those among the last 12 positions of each window.
-  assert summary["family"] == "sith" and 0 < summary["eval_tokens"] <= 2 * 8 * 12
+  assert summary["family"] == "sith" and 0 < summary["eval_weight"] <= 2 * 8 * 12
   assert np.isfinite(summary["eval_loss"])

@@ -1,20 +1,25 @@
 """Sharded training on 8 virtual CPU devices, exact resume, preemption and resharding."""
 
+import functools
 import json
 import os
+import re
+import shutil
 import signal
 import threading
 import time
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lpcjax import config as C
 from lpcjax import models
 from lpcjax.sharding import make_mesh, rules_from_config
-from lpcjax.training import Checkpointer, create_train_state, make_optimizer, state_shardings, train
+from lpcjax.training import Checkpointer, create_train_state, make_optimizer, state_shardings, train, train_step
 
 from conftest import tiny_experiment
 
@@ -27,8 +32,8 @@ def losses_of(run_dir):
 
 
 def final_params(run_dir, cfg):
-  model = models.get(cfg.model.family).build(cfg.model)
-  state = create_train_state(model, cfg)
+  family = models.get(cfg.model.family)
+  state = create_train_state(family, family.build(cfg.model), cfg)
   checkpointer = Checkpointer(run_dir)
   restored = checkpointer.restore(state, jax.tree.map(lambda x: x.sharding, state))
   checkpointer.close()
@@ -40,8 +45,8 @@ def test_params_are_sharded_by_the_rules(tmp_path):
   mesh = make_mesh(cfg.train)
   model = models.get("fox").build(cfg.model)
   optimizer = make_optimizer(cfg.train)
-  _, shardings = state_shardings(model, cfg, optimizer, mesh, rules_from_config(cfg.train))
-  state = create_train_state(model, cfg, optimizer, shardings)
+  _, shardings = state_shardings(models.get("fox"), model, cfg, optimizer, mesh, rules_from_config(cfg.train))
+  state = create_train_state(models.get("fox"), model, cfg, optimizer, shardings)
   kernel = state.params["layers"]["mlp"]["w_gate"]["kernel"]  # ('layers', 'embed', 'mlp')
   assert kernel.sharding.spec == P(None, "fsdp", "tensor")
   shard_shape = (2, 32 // 2, cfg.model.mlp_hidden_size // 2)  # embed over fsdp, mlp over tensor
@@ -83,12 +88,96 @@ def test_resume_is_exact_and_survives_sigterm(tmp_path):
 
 
 def test_resume_on_another_mesh_reshards(tmp_path):
-  first = tiny_experiment(tmp_path, "train.steps=8", "train.checkpoint_every=4", *MESH_2X2X2, name="r")
-  train(first, progress=False)
-  second = C.apply_overrides(first, ["train.steps=12", "train.mesh_data=4", "train.mesh_fsdp=1"])
-  run_dir, summary = train(second, resume=True, progress=False)
-  assert summary["mesh"] == {"data": 4, "fsdp": 1, "tensor": 2} and summary["step"] == 12
-  assert [r["step"] for r in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if "loss" in r][-1] == 12
+  """Stop at step 4 on a 2x2x2 mesh, resume on 4x1x2: the restored state is the saved one, and
+  the losses and final params follow the uninterrupted 2x2x2 run (up to reduction order)."""
+  common = ("train.steps=8", "train.log_every=1", "train.eval_batches=1", *MESH_2X2X2)
+  straight_dir, _ = train(tiny_experiment(tmp_path, *common, name="straight"), progress=False)
+  first = tiny_experiment(tmp_path, *common, "train.checkpoint_every=4", name="r")
+  run_dir, _ = train(first, progress=False)
+  interrupt_at(run_dir, 4)
+  saved = final_params(run_dir, first)
+  second = C.apply_overrides(first, ["train.mesh_data=4", "train.mesh_fsdp=1"])
+  mesh = make_mesh(second.train)
+  model = models.get("fox").build(second.model)
+  with jax.set_mesh(mesh):
+    abstract, shardings = state_shardings(models.get("fox"), model, second, make_optimizer(second.train), mesh,
+                                          rules_from_config(second.train))
+    checkpointer = Checkpointer(run_dir)
+    restored = checkpointer.restore(abstract, shardings, step=4)
+    checkpointer.close()
+  kernel = restored.params["layers"]["mlp"]["w_gate"]["kernel"]
+  assert kernel.sharding.spec == P(None, "fsdp", "tensor") and dict(kernel.sharding.mesh.shape)["data"] == 4
+  for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(saved)):
+    np.testing.assert_array_equal(a, b)
+  _, summary = train(second, resume=True, progress=False)
+  assert summary["mesh"] == {"data": 4, "fsdp": 1, "tensor": 2} and summary["step"] == 8
+  np.testing.assert_allclose(losses_of(run_dir), losses_of(straight_dir), rtol=2e-5)
+  for a, b in zip(jax.tree.leaves(final_params(run_dir, first)), jax.tree.leaves(final_params(straight_dir, first))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_accumulation_step_moves_no_data(tmp_path):
+  """Micro-batching a data-sharded batch adds no all-gather, collective-permute or all-to-all to
+  the compiled step (the FSDP parameter gathers are the same with and without accumulation)."""
+  counts = {}
+  for steps in (1, 4):
+    cfg = tiny_experiment(tmp_path, "train.mesh_data=4", "train.mesh_fsdp=2", "data.batch_size=32",
+                          f"train.grad_accum_steps={steps}")
+    family = models.get("fox")
+    model = family.build(cfg.model)
+    mesh = make_mesh(cfg.train)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules_from_config(cfg.train)):
+      optimizer = make_optimizer(cfg.train)
+      _, shardings = state_shardings(family, model, cfg, optimizer, mesh, rules_from_config(cfg.train))
+      state = create_train_state(family, model, cfg, optimizer, shardings)
+      data_sharding = NamedSharding(mesh, P(("data", "fsdp")))
+      batch = {k: jax.device_put(np.zeros((32, 32), dtype), data_sharding)
+               for k, dtype in (("inputs", np.int32), ("targets", np.int32), ("loss_mask", np.float32))}
+      step = functools.partial(train_step, accum_steps=steps)
+      hlo = jax.jit(step).lower(state, batch).compile().as_text()
+    counts[steps] = {op: len(re.findall(rf"= \S+ {op}(?:-start)?\(", hlo))
+                     for op in ("all-gather", "collective-permute", "all-to-all")}
+  assert counts[1]["all-gather"] > 0  # the count sees collectives at all (FSDP gathers the params)
+  assert counts[4] == counts[1], counts
+
+
+def interrupt_at(run_dir, step):
+  """Make a finished run look interrupted right after its checkpoint ``step``: later checkpoints
+  and metrics rows go (what a run killed just after saving ``step`` leaves behind)."""
+  for name in os.listdir(os.path.join(run_dir, "checkpoints")):
+    if name.isdigit() and int(name) > step:
+      shutil.rmtree(os.path.join(run_dir, "checkpoints", name))
+  metrics = os.path.join(run_dir, "metrics.jsonl")
+  rows = [line for line in open(metrics) if json.loads(line)["step"] <= step and "loss" in json.loads(line)]
+  open(metrics, "w").writelines(rows)
+
+
+@pytest.mark.parametrize("source", ["mqar", "tokens"])
+def test_resume_with_accumulation_on_a_mesh_is_exact(tmp_path, source):
+  """Bitwise resume on a 4x2 mesh with 2 micro-batches per step; with a token file of 40 windows
+  (batch 16), step 3 crosses the first epoch boundary of the shuffle, and the run resumes there."""
+  common = ["train.steps=6", "train.log_every=1", "train.eval_batches=1", "train.grad_accum_steps=2",
+            "data.batch_size=16", "train.mesh_data=4", "train.mesh_fsdp=2", "train.checkpoint_every=3"]
+  if source == "tokens":
+    prefix = write_token_file(tmp_path / "tokens", num_tokens=40 * 32 + 1)
+    common += ["data.kind=tokens", f"data.train_tokens={prefix}", "model.vocab_size=50257"]
+  straight_dir, _ = train(tiny_experiment(tmp_path, *common, name="straight"), progress=False)
+  cfg = tiny_experiment(tmp_path, *common, name="split")
+  split_dir, _ = train(cfg, progress=False)
+  interrupt_at(split_dir, 3)
+  train(cfg, resume=True, progress=False)
+  assert losses_of(split_dir) == losses_of(straight_dir) and len(losses_of(straight_dir)) == 6
+  for a, b in zip(jax.tree.leaves(final_params(split_dir, cfg)), jax.tree.leaves(final_params(straight_dir, cfg))):
+    np.testing.assert_array_equal(a, b)
+
+
+def write_token_file(prefix, num_tokens):
+  """A token file as ``python -m lpcjax.data`` writes it, without a tokenizer: uint16 ids, one document."""
+  tokens = np.random.default_rng(0).integers(0, 50257, num_tokens).astype(np.uint16)
+  tokens.tofile(f"{prefix}.bin")
+  with open(f"{prefix}.json", "w") as f:
+    json.dump({"num_tokens": num_tokens, "doc_starts": [0], "num_documents": 1}, f)
+  return str(prefix)
 
 
 def test_bad_resume_and_mesh_inputs(tmp_path):

@@ -34,7 +34,7 @@ def test_masked_cross_entropy_matches_direct_computation():
 
 def test_weight_decay_only_on_matrices(tmp_path):
   cfg = tiny_experiment(tmp_path, "model.block=pro")
-  state = create_train_state(models.get("fox").build(cfg.model), cfg)
+  state = create_train_state(models.get("fox"), models.get("fox").build(cfg.model), cfg)
   mask = decay_mask(state.params)
   assert mask["embed"]["embedding"] and mask["layers"]["attn"]["q_proj"]["kernel"]
   assert not mask["layers"]["attn"]["forget_gate"]["proj"]["bias"]
@@ -42,26 +42,56 @@ def test_weight_decay_only_on_matrices(tmp_path):
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+  # Micro-batch k holds rows k, k + 4 (see steps.micro_batches); its masks score 3, 14, 24 and 64
+  # positions, so averaging the micro-batches' mean losses would weigh positions unequally.
   cfg = tiny_experiment(tmp_path)
-  state = create_train_state(models.get("fox").build(cfg.model), cfg)
+  state = create_train_state(models.get("fox"), models.get("fox").build(cfg.model), cfg)
   rng = np.random.default_rng(0)
+  mask = np.zeros((8, 32), np.float32)
+  for row, count in zip((0, 4, 1, 5, 2, 6, 3, 7), (1, 2, 7, 7, 12, 12, 32, 32)):
+    mask[row, rng.choice(32, count, replace=False)] = 1.0
   batch = {"inputs": jnp.asarray(rng.integers(0, 64, (8, 32))), "targets": jnp.asarray(rng.integers(0, 64, (8, 32))),
-           "loss_mask": jnp.ones((8, 32))}
+           "loss_mask": jnp.asarray(mask)}
   one, m1 = jax.jit(train_step)(state, batch)
   four, m4 = jax.jit(train_step, static_argnames="accum_steps")(state, batch, accum_steps=4)
-  np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-6)
+  assert float(m4["loss"][1]) == float(m1["loss"][1]) == mask.sum()
+  np.testing.assert_allclose(m4["loss"][0], m1["loss"][0], rtol=1e-6)
+  np.testing.assert_allclose(m4["grad_norm"][0], m1["grad_norm"][0], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_debug_checks_catch_bad_values_inside_training(tmp_path):
+  """With model.debug_checks the attention op's value checks run inside the jitted step: a NaN
+  weight is reported as an error naming the op; without them the step only skips the update."""
+  from lpcjax.training.loop import compiled_steps
+  for debug in (True, False):
+    cfg = tiny_experiment(tmp_path, f"model.debug_checks={str(debug).lower()}")
+    family = models.get("fox")
+    state = create_train_state(family, family.build(cfg.model), cfg)
+    wq = state.params["layers"]["attn"]["q_proj"]["kernel"]
+    state = state.replace(params={**state.params, "layers": {**state.params["layers"], "attn": {
+        **state.params["layers"]["attn"], "q_proj": {"kernel": wq.at[0, 0, 0].set(jnp.nan)}}}})
+    train_fn, _ = compiled_steps(family, cfg, None)
+    batch = {"inputs": jnp.ones((8, 32), jnp.int32), "targets": jnp.ones((8, 32), jnp.int32),
+             "loss_mask": jnp.ones((8, 32))}
+    if debug:
+      with pytest.raises(Exception, match="q, k or v holds a NaN"):
+        train_fn(state, batch)
+    else:
+      _, metrics = train_fn(state, batch)
+      assert float(metrics["finite"][0]) == 0.0
+
+
 def test_nonfinite_loss_skips_the_update(tmp_path):
   cfg = tiny_experiment(tmp_path)
-  state = create_train_state(models.get("fox").build(cfg.model), cfg)
+  state = create_train_state(models.get("fox"), models.get("fox").build(cfg.model), cfg)
   batch = {"inputs": jnp.zeros((8, 32), jnp.int32), "targets": jnp.zeros((8, 32), jnp.int32),
            "loss_mask": jnp.ones((8, 32))}
-  nan_loss = lambda apply_fn, params, batch: (jnp.nan * jax.tree.leaves(params)[0].sum(), {"loss": jnp.nan})
+  nan_loss = lambda apply_fn, params, batch, **_: (jnp.nan * jax.tree.leaves(params)[0].sum(),
+                                                   {"loss": (jnp.nan, 1.0)}, {})
   new, metrics = jax.jit(train_step, static_argnames="loss_fn")(state, batch, loss_fn=nan_loss)
-  assert float(metrics["finite"]) == 0.0 and int(new.step) == int(state.step)
+  assert float(metrics["finite"][0]) == 0.0 and int(new.step) == int(state.step)
   for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(a, b)
 
@@ -72,7 +102,7 @@ def test_train_writes_a_restorable_run_directory(tmp_path):
   records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
   losses = [r["loss"] for r in records if "loss" in r]
   assert len(losses) == 3 and losses[-1] < losses[0]
-  assert summary["eval_tokens"] == 2 * 8 * 4 and not summary["preempted"]
+  assert summary["eval_weight"] == 2 * 8 * 4 and summary["eval_examples"] == 2 * 8 and not summary["preempted"]
   saved = C.from_dict(json.load(open(os.path.join(run_dir, "config.json"))))
   assert saved == cfg
   with pytest.raises(FileExistsError, match="already holds checkpoints"):
@@ -85,19 +115,14 @@ def test_train_cli_rejects_bad_input_with_one_line(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, env=one_device)
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
-      "error: model.d_modle: unknown key; known keys are " + result.stderr.split("known keys are ")[1].strip()]
+      "error: model.d_modle: unknown key for model.family='fox'; known keys are "
+      + result.stderr.split("known keys are ")[1].strip()]
   result = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", "fox_tiny_text",
                            "data.train_files=/nonexistent.txt", "data.tokenizer_file=/nonexistent.tiktoken",
                            f"train.run_dir={tmp_path}"],
                           capture_output=True, text=True, cwd=tmp_path, env=one_device)
   assert result.returncode == 2 and "error: tokenizer rank file not found" in result.stderr
   assert "Traceback" not in result.stderr
-
-
-def test_debug_checks_run_inside_training(tmp_path):
-  cfg = tiny_experiment(tmp_path, "model.debug_checks=true", "train.steps=2", "train.warmup_steps=1")
-  _, summary = train(cfg, progress=False, devices=one_device())
-  assert np.isfinite(summary["eval_loss"])
 
 
 def test_tensorboard_event_files(tmp_path):
@@ -116,8 +141,8 @@ def test_run_stops_after_nonfinite_steps_and_saves_nothing(tmp_path):
   class NaNConfig(models.FoXConfig):
     family: ClassVar[str] = "nan_fox_for_tests"
 
-  nan_loss = lambda apply_fn, params, batch: (
-      jnp.nan * jax.tree.leaves(params)[0].sum(), {"loss": jnp.nan, "accuracy": 0.0, "count": 1.0})
+  nan_loss = lambda apply_fn, params, batch, **_: (
+      jnp.nan * jax.tree.leaves(params)[0].sum(), {"loss": (jnp.nan, 1.0)}, {})
   if "nan_fox_for_tests" not in models.names():
     models.register(models.Family("nan_fox_for_tests", NaNConfig, models.DecoderLM, loss=nan_loss))
   base = tiny_experiment(tmp_path, "train.max_nonfinite_steps=3", "train.mesh_data=1", name="nan")
@@ -126,3 +151,27 @@ def test_run_stops_after_nonfinite_steps_and_saves_nothing(tmp_path):
   with pytest.raises(TrainingError, match="3 non-finite losses in a row at step 3; stopped without saving"):
     train(cfg, progress=False, devices=one_device())
   assert not has_checkpoint(os.path.join(tmp_path, "nan"))
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path):
+  from lpcjax.evaluation import load_run
+  from lpcjax.training import RunError
+  common = ("train.warmup_steps=1", "train.mesh_data=1", "train.log_every=1")
+  source = tiny_experiment(tmp_path, "train.steps=3", "train.checkpoint_every=1", *common, name="a")
+  source_dir, _ = train(source, progress=False, devices=one_device())
+  # A later stage: longer sequences, new data position and optimizer. One step whose learning
+  # rate is 0 (warmup from 0) leaves the weights as they came, so they must equal the source's.
+  for spec, step in ((source_dir, 3), (f"{source_dir}:2", 2)):
+    stage = tiny_experiment(tmp_path, "train.steps=1", "data.seq_len=64", f"train.init_from={spec}", *common,
+                            name=f"b{step}")
+    stage_dir, _ = train(stage, progress=False, devices=one_device())
+    for a, b in zip(jax.tree.leaves(load_run(stage_dir).params), jax.tree.leaves(load_run(source_dir, step=step).params)):
+      np.testing.assert_array_equal(a, b)
+  wider = tiny_experiment(tmp_path, "train.steps=1", "model.d_model=64", f"train.init_from={source_dir}", *common,
+                          name="c")
+  with pytest.raises(C.ConfigError, match=r"train.init_from: \['embed'\]\['embedding'\] is float32\[64, 32\] in .*a "
+                                          r"\(step 3\), this model needs float32\[64, 64\]"):
+    train(wider, progress=False, devices=one_device())
+  with pytest.raises(RunError, match="no checkpoint at step 7"):
+    train(C.apply_overrides(wider, [f"train.init_from={source_dir}:7", "model.d_model=32"]), progress=False,
+          devices=one_device())

@@ -1,0 +1,46 @@
+"""Data kinds by name (``data.kind``), registered like model families.
+
+A kind is its config class (a subclass of ``lpcjax.config.DataConfig`` holding only its own
+fields and checks) and ``make_source(config, seed, split)``, which returns a random-access source
+(``len`` + ``__getitem__`` giving one example: a dict of numpy arrays). The Grain pipeline
+(``lpcjax.data.make_dataset``) does the rest: shuffling, process sharding, batching, padding
+the evaluation set. A family lists the kinds it reads (``Family.data_kinds``).
+"""
+
+import dataclasses
+from typing import Callable
+
+from lpcjax.config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class DataKind:
+  """``shuffle``: the training split is read in a seeded shuffled order, epoch after epoch
+  (off for generated sources, whose every index is already a fresh random example)."""
+
+  name: str
+  config_cls: type
+  make_source: Callable
+  shuffle: bool = True
+
+
+_KINDS = {}
+
+
+def register(kind):
+  if kind.name in _KINDS:
+    raise ValueError(f"data kind {kind.name!r} is already registered")
+  if kind.config_cls.kind != kind.name:
+    raise ValueError(f"data kind {kind.name!r}: its config class says kind={kind.config_cls.kind!r}")
+  _KINDS[kind.name] = kind
+  return kind
+
+
+def get(name):
+  if name not in _KINDS:
+    raise ConfigError(f"data.kind: unknown kind {name!r}; known: {', '.join(sorted(_KINDS))}")
+  return _KINDS[name]
+
+
+def names():
+  return sorted(_KINDS)

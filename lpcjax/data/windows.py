@@ -1,0 +1,100 @@
+"""GPT-2 token windows: the ``text`` and ``tokens`` data kinds.
+
+``text``: text files (.txt, .gz, .jsonl) tokenized in memory when the run starts (small corpora).
+``tokens``: a flat uint16 token file made once by ``python -m lpcjax.data`` (memmapped).
+Window i of the token stream is tokens[i*S : i*S + T + 1] (stride S, default T); with
+``segment_ids`` it also marks the documents inside the window (ids restart at 0 per window).
+"""
+
+import dataclasses
+from typing import ClassVar, Optional
+
+import numpy as np
+
+from lpcjax.config import DataConfig, require
+
+from .errors import DataError
+from .prepare import load_token_file
+from .registry import DataKind, register
+from .text import tokenize_files
+from .tokenizer import load_gpt2_tokenizer
+
+GPT2_VOCAB_SIZE = 50257
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenWindowConfig(DataConfig):
+  """Fields shared by the GPT-2 token kinds."""
+
+  tokenizer_file: Optional[str] = None  # tiktoken rank file; else $LPCJAX_TIKTOKEN_FILE; else download
+  segment_ids: bool = False  # give the model the document boundaries inside a window
+  window_stride: Optional[int] = None  # start of window i is i * stride (default seq_len)
+
+  def __post_init__(self):
+    super().__post_init__()
+    require(self.window_stride is None or self.window_stride >= 1, "data.window_stride", "must be >= 1")
+
+  @property
+  def vocab_size(self):
+    return GPT2_VOCAB_SIZE
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDataConfig(TokenWindowConfig):
+  kind: ClassVar[str] = "text"
+
+  train_files: tuple[str, ...] = ()
+  eval_files: tuple[str, ...] = ()  # default: the training files
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenFileConfig(TokenWindowConfig):
+  kind: ClassVar[str] = "tokens"
+
+  train_tokens: Optional[str] = None  # prefix of PREFIX.bin/PREFIX.json
+  eval_tokens: Optional[str] = None  # default: the training tokens
+
+
+class TokenWindowSource:
+  def __init__(self, tokens, doc_starts, seq_len, segment_ids=False, stride=None):
+    self.tokens, self.seq_len, self.segment_ids = tokens, seq_len, segment_ids
+    self.stride = stride or seq_len
+    self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
+    if len(tokens) < seq_len + 1:
+      raise DataError(f"data: {len(tokens)} tokens is fewer than seq_len + 1 = {seq_len + 1}")
+
+  def __len__(self):
+    return (len(self.tokens) - self.seq_len - 1) // self.stride + 1
+
+  def __getitem__(self, index):
+    start = index * self.stride
+    window = np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int32)
+    example = {"inputs": window[:-1], "targets": window[1:],
+               "loss_mask": np.ones(self.seq_len, np.float32)}
+    if self.segment_ids:
+      # Document index of each input position, relative to the window's first document.
+      docs = np.searchsorted(self.doc_starts, np.arange(start, start + self.seq_len), side="right")
+      example["segment_ids"] = (docs - docs[0]).astype(np.int32)
+    return example
+
+
+def text_source(cfg, seed, split):
+  del seed
+  files = cfg.train_files if split == "train" else (cfg.eval_files or cfg.train_files)
+  if not files:
+    raise DataError("data.train_files is empty: kind='text' needs at least one text file")
+  tokens, doc_starts = tokenize_files(files, load_gpt2_tokenizer(cfg.tokenizer_file))
+  return TokenWindowSource(tokens, doc_starts, cfg.seq_len, cfg.segment_ids, cfg.window_stride)
+
+
+def token_file_source(cfg, seed, split):
+  del seed
+  prefix = cfg.train_tokens if split == "train" else (cfg.eval_tokens or cfg.train_tokens)
+  if not prefix:
+    raise DataError("data.train_tokens is empty: kind='tokens' needs a prepared token file prefix")
+  tokens, meta = load_token_file(prefix)
+  return TokenWindowSource(tokens, meta["doc_starts"], cfg.seq_len, cfg.segment_ids, cfg.window_stride)
+
+
+register(DataKind("text", TextDataConfig, text_source))
+register(DataKind("tokens", TokenFileConfig, token_file_source))

@@ -1,0 +1,149 @@
+"""The evaluator of the language-model families: per-token loss curve, perplexity by context
+length, needle in a haystack, MQAR recall by distance, and their plots."""
+
+import dataclasses
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lpcjax.data import (DataError, MQARDataConfig, TextDataConfig, TokenFileConfig, TokenWindowConfig,
+                         load_gpt2_tokenizer, load_token_file, make_dataset, tokenize_files)
+from lpcjax.data.prepare import read_documents, tokenizer_hash
+from lpcjax.files import write_json_atomic
+from lpcjax.training.runs import num_params
+
+from .needle import needle_grid
+from .per_token import per_token_losses, sequence_logits, summarize
+from .plots import plot_needle, plot_per_token, plot_perplexity
+from .recall import recall_by_distance
+
+NEEDLE_DEPTHS = tuple(i / 10 for i in range(11))
+
+
+def _eval_data(config, eval_len, batch_size, data_files, data_tokens):
+  """The data config for evaluation: the run's own eval data unless files/tokens are given."""
+  data = config.data
+  tokenizer_file = getattr(data, "tokenizer_file", None)
+  if data_files:
+    data = TextDataConfig(train_files=tuple(data_files), tokenizer_file=tokenizer_file)
+  elif data_tokens:
+    data = TokenFileConfig(train_tokens=data_tokens, tokenizer_file=tokenizer_file)
+  fields = {"seq_len": eval_len, "batch_size": batch_size}
+  if isinstance(data, TokenWindowConfig):  # long sequences, no stride: windowed models slide themselves
+    fields["window_stride"] = None
+  data = dataclasses.replace(data, **fields)
+  if data.vocab_size > config.model.vocab_size:
+    raise DataError(f"tokenizer mismatch: the run's model has {config.model.vocab_size} tokens, "
+                    f"the {data.kind} data {data.vocab_size}")
+  if isinstance(data, TokenFileConfig):
+    _, meta = load_token_file(data.eval_tokens or data.train_tokens)
+    if meta.get("tokenizer_sha256") != tokenizer_hash(load_gpt2_tokenizer(tokenizer_file)):
+      raise DataError(f"tokenizer mismatch: {data.eval_tokens or data.train_tokens} was prepared with "
+                      "another tokenizer")
+  return data
+
+
+def _tokens_per_word(data):
+  if isinstance(data, TokenFileConfig):
+    _, meta = load_token_file(data.eval_tokens or data.train_tokens)
+    return meta["num_tokens"] / meta["num_words"] if meta.get("num_words") else None
+  if isinstance(data, TextDataConfig):
+    files = data.eval_files or data.train_files
+    tokens, _ = tokenize_files(files, load_gpt2_tokenizer(data.tokenizer_file))
+    words = sum(len(text.split()) for path in files for text in read_documents(path))
+    return len(tokens) / words if words else None
+  return None
+
+
+def run_label(config, params):
+  describe = getattr(config.model, "describe", None)
+  kind = f"{describe()}, " if describe else ""
+  return f"{config.model.family} ({kind}{num_params(params) / 1e6:.1f}M)"
+
+
+class LanguageModelEvaluator:
+  """eval.py for models that map tokens [batch, T] to next-token logits.
+
+  ``sequence_logits(model, params, inputs, segment_ids)`` gives the logits at every position of
+  a long sequence (default: the model's forward pass; ``sith`` slides its windows).
+  """
+
+  def __init__(self, sequence_logits=sequence_logits):
+    self.sequence_logits = sequence_logits
+
+  def add_arguments(self, parser):
+    parser.add_argument("--data", nargs="+", help="text files to evaluate on (default: the run's eval data)")
+    parser.add_argument("--tokens", help="a prepared token file prefix to evaluate on")
+    parser.add_argument("--eval-len", type=int, default=None, help="default: 4x the training length")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--max-sequences", type=int, default=64)
+    parser.add_argument("--no-roll", action="store_true", help="do not roll sequences randomly")
+    parser.add_argument("--needle", action="store_true", help="run the needle-in-a-haystack grid")
+    parser.add_argument("--needle-lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--haystack", nargs="+", default=None, help="haystack text files (default: --data)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rolls and the needle keys")
+    parser.add_argument("--window", type=int, default=64, help="moving-average window of the plot")
+    parser.add_argument("--log-x", action="store_true")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+
+  def evaluate(self, run, options):
+    """Everything eval.py reports for one run (a LoadedRun), as a JSON-ready dict."""
+    config, mesh, seed = run.config, run.mesh, options.seed
+    eval_len, batch_size, data = options.eval_len, options.batch_size, options.data
+    train_len = config.data.seq_len
+    eval_len = eval_len or 4 * train_len
+    data_ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    batch_size = batch_size or data_ways
+    if batch_size % data_ways:
+      raise DataError(f"--batch-size {batch_size} is not divisible by the {data_ways} data devices")
+    data_config = _eval_data(config, eval_len, batch_size, data, options.tokens)
+    dataset = make_dataset(data_config, seed, "eval", max_examples=options.max_sequences)
+    roll = not options.no_roll and isinstance(data_config, TokenWindowConfig)  # a text stream, not MQAR
+    batches = lambda: (dataset[i] for i in range(len(dataset)))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(run.rules):
+      sums, counts, _, per_sequence = per_token_losses(
+          run.model, run.params, batches(), mesh, logits_fn=self.sequence_logits,
+          roll_seed=seed if roll else None, progress=options.progress, total=len(dataset))
+      result = summarize(sums, counts, len(per_sequence), _tokens_per_word(data_config))
+      result.update(run=os.path.abspath(run.run_dir), label=run_label(config, run.params), train_len=train_len,
+                    family=config.model.family, data_kind=data_config.kind, rolled=roll,
+                    per_sequence_loss=per_sequence.tolist())
+      predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
+      predict_fn = lambda x: predict(run.params, np.asarray(x))
+      if isinstance(data_config, MQARDataConfig):
+        result["recall_by_distance"] = recall_by_distance(predict_fn, batches())
+      if options.needle:
+        files = options.haystack or data or getattr(data_config, "train_files", ())
+        if not files:
+          raise DataError("--needle needs haystack text: give --haystack FILE ... (or --data)")
+        tokenizer = load_gpt2_tokenizer(getattr(data_config, "tokenizer_file", None))
+        hay, _ = tokenize_files(files, tokenizer)
+        lengths = options.needle_lengths or [n for n in (1024 * 2**k for k in range(10)) if n <= eval_len] or [eval_len]
+        grid = needle_grid(predict_fn, hay, tokenizer, lengths, NEEDLE_DEPTHS, seed=seed)
+        result["needle"] = {"lengths": list(lengths), "depths": list(NEEDLE_DEPTHS), "accuracy": grid.tolist()}
+    return result
+
+  def write(self, results, out_dir, options):
+    """per_token.json (compare.json for several runs), written atomically, and the PNG plots."""
+    name = "per_token.json" if len(results) == 1 else "compare.json"
+    write_json_atomic(os.path.join(out_dir, name), results if len(results) > 1 else results[0])
+    runs = [(r["label"], r, r["train_len"]) for r in results]
+    plot_per_token(runs, os.path.join(out_dir, "per_token_loss.png"), window=options.window, log_x=options.log_x)
+    plot_perplexity(runs, os.path.join(out_dir, "perplexity_vs_context.png"))
+    for r in results:
+      if "needle" in r:
+        suffix = "" if len(results) == 1 else "_" + os.path.basename(r["run"].rstrip("/"))
+        plot_needle(np.array(r["needle"]["accuracy"]), r["needle"]["lengths"], r["needle"]["depths"],
+                    os.path.join(out_dir, f"needle{suffix}.png"), title=f"Needle in a haystack: {r['label']}")
+
+  def report(self, result):
+    """Lines for the terminal."""
+    by_length = ", ".join(f"L={k}: {v['loss']:.3f}" for k, v in result["by_context_length"].items())
+    word = f", word perplexity {result['word_perplexity']:.1f}" if result.get("word_perplexity") else ""
+    return [f"{result['label']}: mean loss {result['mean_loss']:.4f}, perplexity {result['perplexity']:.2f}"
+            f"{word} over {result['num_sequences']} sequences",
+            f"  mean loss over the first L tokens: {by_length}"]
+

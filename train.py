@@ -25,8 +25,11 @@ def main(argv=None):
   parser.add_argument("--config", default=DEFAULT_CONFIG,
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
   parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-  parser.add_argument("--resume", action="store_true",
-                      help="continue the run directory's latest checkpoint (state and data order)")
+  resume = parser.add_mutually_exclusive_group()
+  resume.add_argument("--resume", action="store_const", const=True, default=False,
+                      help="continue the run's latest checkpoint (state and data order); none is an error")
+  resume.add_argument("--resume-or-start", dest="resume", action="store_const", const="or_start",
+                      help="continue the run's latest checkpoint, or start the run if it has none")
   parser.add_argument("overrides", nargs="*", help="section.field=value")
   args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
 
@@ -48,7 +51,17 @@ def main(argv=None):
   except (config_lib.ConfigError, DataError, FileExistsError, RunError, TrainingError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:  # only before training starts: from then on a stop is graceful
+    print("error: interrupted before training started; nothing was written", file=sys.stderr)
+    return 130
+  if summary.get("already_complete"):
+    print(f"{run_dir} is already at step {summary['step']} = train.steps: nothing to train "
+          "(raise train.steps to train on)")
+    return 0
   print(json.dumps(summary, indent=2))
+  if summary["preempted"]:
+    saved = f"checkpoint at step {summary['step']}" if summary["step"] else "nothing trained, nothing kept"
+    print(f"stopped by a signal: {saved}; continue with --resume", file=sys.stderr)
   print(f"run directory: {run_dir}")
   return 0
 

@@ -71,7 +71,8 @@ def attention_inputs(run_dir, tokens_prefix, seq_len):
   from lpcjax.evaluation.runs import load_run
   from lpcjax.layers import attention
 
-  config, model, params, _, _ = load_run(run_dir)
+  run = load_run(run_dir)
+  config, model, params = run.config, run.model, run.params
   if config.model.family != "fox":
     raise SystemExit(f"error: {run_dir} is a {config.model.family!r} run; pruning needs FoX gates")
   tokens, _ = load_token_file(tokens_prefix)

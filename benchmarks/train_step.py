@@ -63,7 +63,7 @@ def main():
   for family in args.families:
     config = config_lib.apply_overrides(base, [f"model.family={family}"])
     model = models.get(family).build(config.model)
-    state = create_train_state(model, config)
+    state = create_train_state(models.get(family), model, config)
     step = jax.jit(train_step, donate_argnums=0)
     state, metrics = step(state, batch)  # compile
     jax.block_until_ready(metrics)

@@ -9,6 +9,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from lpcjax.config import ConfigError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical name -> mesh axes. Params: FSDP over "embed", tensor parallel over heads and mlp.
@@ -80,11 +82,27 @@ def make_mesh(train_config, devices=None):
   for size in shape:
     known *= size if size != -1 else 1
   if -1 in shape:
+    field = f"train.mesh_{MESH_AXES[shape.index(-1)]}"
     if len(devices) % known:
-      raise ValueError(f"mesh: {len(devices)} devices cannot be split into {shape} (-1 = the rest)")
+      raise ConfigError(f"{field}: the other mesh axes take {known} devices, which does not divide the "
+                        f"{len(devices)} devices found")
     shape[shape.index(-1)] = len(devices) // known
   if shape[0] * shape[1] * shape[2] != len(devices):
-    raise ValueError(f"mesh: data x fsdp x tensor = {shape} needs {shape[0] * shape[1] * shape[2]} "
-                     f"devices, found {len(devices)}")
+    raise ConfigError(f"train.mesh_data: data x fsdp x tensor = {' x '.join(map(str, shape))} needs "
+                      f"{shape[0] * shape[1] * shape[2]} devices, found {len(devices)}")
   auto = (jax.sharding.AxisType.Auto,) * 3
   return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=auto, devices=devices)
+
+
+def check_divisible(tree, shardings):
+  """A one-line ConfigError naming the mesh field and the first array of ``tree`` (abstract
+  arrays) whose sharded dimension the mesh axes do not divide (JAX needs them to)."""
+  for (path, leaf), sharding in zip(jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(shardings)):
+    for dim, axes in enumerate(sharding.spec):
+      axes = (axes,) if isinstance(axes, str) else (axes or ())
+      ways = _ways(axes, sharding.mesh) if axes else 1
+      if leaf.shape[dim] % ways:
+        raise ConfigError(
+            f"train.mesh_{axes[-1]}: {ways}-way sharding over {' x '.join(axes)} does not divide "
+            f"{jax.tree_util.keystr(path)} (dimension {dim} has size {leaf.shape[dim]}); choose mesh sizes "
+            f"that divide it, or change train.logical_rules")

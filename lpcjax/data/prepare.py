@@ -6,9 +6,10 @@ Inputs: plain text (.txt, anything else read as UTF-8), gzip of it (.gz), or JSO
 .jsonl.gz; one document per line in its "text" field). A plain-text file is one document.
 Documents are separated by <|endoftext|>. Writes OUT_PREFIX.bin (uint16 tokens) and
 OUT_PREFIX.json: token, document and whitespace-word counts, document start offsets, the
-tokenizer's hash, and each source's size and modification time. Both are written to temporary names and renamed when complete,
-so an interrupted run leaves nothing that looks finished; re-running with the same inputs and
-tokenizer does nothing.
+tokenizer's hash, each source's size and modification time, and the .bin's size and sha256.
+Both are written to temporary names and renamed when complete, so an interrupted run leaves
+nothing that looks finished; re-running with the same inputs and tokenizer does nothing when
+the .bin on disk still has its recorded size and checksum, and rebuilds it otherwise.
 """
 
 import argparse
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 from .errors import DataError
 from .tokenizer import END_OF_TEXT, load_gpt2_tokenizer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the metadata records the .bin's size and sha256
 
 
 def tokenizer_hash(tokenizer):
@@ -57,6 +58,31 @@ def read_documents(path):
     raise DataError(f"cannot read {path}: {error}") from None
 
 
+def file_sha256(path, chunk=1 << 24):
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while block := f.read(chunk):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def is_complete(meta_path, bin_path, expected):
+  """Whether an earlier run left this exact output: same inputs and tokenizer in the metadata,
+  and a .bin whose size and checksum are the recorded ones (a truncated or altered file is not)."""
+  if not (os.path.exists(meta_path) and os.path.exists(bin_path)):
+    return None
+  try:
+    with open(meta_path) as f:
+      existing = json.load(f)
+  except json.JSONDecodeError:
+    return None
+  if any(existing.get(key) != value for key, value in expected.items()):
+    return None
+  if os.path.getsize(bin_path) != existing.get("bin_bytes") or file_sha256(bin_path) != existing.get("bin_sha256"):
+    return None
+  return existing
+
+
 def source_fingerprint(paths):
   return [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "mtime": os.path.getmtime(p)}
           for p in paths]
@@ -73,14 +99,12 @@ def prepare(out_prefix, inputs, tokenizer_file=None, progress=True):
   meta_path, bin_path = f"{out_prefix}.json", f"{out_prefix}.bin"
   expected = {"format_version": FORMAT_VERSION, "tokenizer_sha256": tokenizer_hash(tokenizer),
               "sources": source_fingerprint(inputs)}
-  if os.path.exists(meta_path) and os.path.exists(bin_path):
-    with open(meta_path) as f:
-      existing = json.load(f)
-    if all(existing.get(key) == value for key, value in expected.items()):
-      return existing  # idempotent: same inputs, same tokenizer
+  existing = is_complete(meta_path, bin_path, expected)
+  if existing is not None:
+    return existing  # idempotent: same inputs, same tokenizer, intact output
 
   eot = tokenizer.encode(END_OF_TEXT, allowed_special={END_OF_TEXT})
-  doc_starts, total, words = [], 0, 0
+  doc_starts, total, words, digest = [], 0, 0, hashlib.sha256()
   tmp_bin = f"{bin_path}.tmp"
   os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
   try:
@@ -92,9 +116,11 @@ def prepare(out_prefix, inputs, tokenizer_file=None, progress=True):
           total += len(ids)
           words += len(text.split())
           out.write(ids.tobytes())
+          digest.update(ids.tobytes())
         bar.set_postfix(tokens=total)
     meta = {**expected, "num_tokens": total, "num_documents": len(doc_starts), "num_words": words,
-            "doc_starts": doc_starts, "vocab_size": tokenizer.n_vocab, "dtype": "uint16"}
+            "doc_starts": doc_starts, "vocab_size": tokenizer.n_vocab, "dtype": "uint16",
+            "bin_bytes": 2 * total, "bin_sha256": digest.hexdigest()}
     tmp_meta = f"{meta_path}.tmp"
     with open(tmp_meta, "w") as f:
       json.dump(meta, f)

@@ -10,7 +10,7 @@ the evaluation set. A family lists the kinds it reads (``Family.data_kinds``).
 import dataclasses
 from typing import Callable
 
-from lpcjax.config import ConfigError
+from lpcjax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,23 +24,11 @@ class DataKind:
   shuffle: bool = True
 
 
-_KINDS = {}
+_KINDS = Registry("data.kind", "kind")
+get, names = _KINDS.get, _KINDS.names
 
 
 def register(kind):
-  if kind.name in _KINDS:
-    raise ValueError(f"data kind {kind.name!r} is already registered")
   if kind.config_cls.kind != kind.name:
     raise ValueError(f"data kind {kind.name!r}: its config class says kind={kind.config_cls.kind!r}")
-  _KINDS[kind.name] = kind
-  return kind
-
-
-def get(name):
-  if name not in _KINDS:
-    raise ConfigError(f"data.kind: unknown kind {name!r}; known: {', '.join(sorted(_KINDS))}")
-  return _KINDS[name]
-
-
-def names():
-  return sorted(_KINDS)
+  return _KINDS.register(kind.name, kind)

@@ -17,7 +17,7 @@ from lpcjax.training.runs import num_params
 
 from .needle import needle_grid
 from .per_token import per_token_losses, sequence_logits, summarize
-from .plots import plot_needle, plot_per_token, plot_perplexity
+from .plots import plot_needle, plot_per_token, plot_perplexity, plot_recall
 from .recall import recall_by_distance
 
 NEEDLE_DEPTHS = tuple(i / 10 for i in range(11))
@@ -133,6 +133,8 @@ class LanguageModelEvaluator:
     runs = [(r["label"], r, r["train_len"]) for r in results]
     plot_per_token(runs, os.path.join(out_dir, "per_token_loss.png"), window=options.window, log_x=options.log_x)
     plot_perplexity(runs, os.path.join(out_dir, "perplexity_vs_context.png"))
+    if all("recall_by_distance" in r for r in results):
+      plot_recall(runs, os.path.join(out_dir, "recall_by_distance.png"))
     for r in results:
       if "needle" in r:
         suffix = "" if len(results) == 1 else "_" + os.path.basename(r["run"].rstrip("/"))
@@ -143,7 +145,11 @@ class LanguageModelEvaluator:
     """Lines for the terminal."""
     by_length = ", ".join(f"L={k}: {v['loss']:.3f}" for k, v in result["by_context_length"].items())
     word = f", word perplexity {result['word_perplexity']:.1f}" if result.get("word_perplexity") else ""
-    return [f"{result['label']}: mean loss {result['mean_loss']:.4f}, perplexity {result['perplexity']:.2f}"
-            f"{word} over {result['num_sequences']} sequences",
-            f"  mean loss over the first L tokens: {by_length}"]
+    lines = [f"{result['label']}: mean loss {result['mean_loss']:.4f}, perplexity {result['perplexity']:.2f}"
+             f"{word} over {result['num_sequences']} sequences",
+             f"  mean loss over the first L tokens: {by_length}"]
+    if "recall_by_distance" in result:
+      lines.append("  recall by key-query distance: " + ", ".join(
+          f"{bucket}+: {cell['accuracy']:.1%} (n={cell['count']})" for bucket, cell in result["recall_by_distance"].items()))
+    return lines
 

@@ -18,10 +18,11 @@ from tqdm.auto import tqdm
 from lpcjax.losses import masked_cross_entropy, scored_positions
 
 
-def context_lengths(eval_len, first=512):
-  """512, 1k, 2k, ... up to eval_len, and eval_len itself."""
+def context_lengths(eval_len, first=None):
+  """first, 2 first, 4 first, ... below eval_len, and eval_len itself. ``first`` defaults to 512,
+  or for short evaluations the power of two at or above eval_len / 8 (so a curve has points)."""
   lengths = []
-  length = first
+  length = first or min(512, 2 ** math.ceil(math.log2(max(eval_len / 8, 1))))
   while length < eval_len:
     lengths.append(length)
     length *= 2
@@ -86,6 +87,7 @@ def summarize(sums, counts, num_sequences, tokens_per_word=None):
   result = {"eval_len": eval_len, "num_sequences": int(num_sequences), "num_tokens": int(counts.sum()),
             "mean_loss": float(sums.sum() / counts.sum()),
             "per_token_loss": [None if not np.isfinite(x) else float(x) for x in curve],
+            "per_token_count": counts.tolist(),
             "by_context_length": {}}
   for length in context_lengths(eval_len):
     mean = float(sums[:length].sum() / max(counts[:length].sum(), 1.0))

@@ -7,12 +7,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def moving_average(values, window):
-  values = np.asarray(values, np.float64)
-  if window <= 1 or len(values) < window:
-    return np.arange(1, len(values) + 1), values
-  kernel = np.ones(window) / window
-  return np.arange(window, len(values) + 1), np.convolve(values, kernel, mode="valid")
+def windowed_mean(curve, counts, window):
+  """(positions, means): the mean loss over the scored tokens of each window of ``window``
+  positions (sum of losses / number of scored tokens), so a curve scored only at some positions
+  (MQAR answers) still has a value wherever its window holds one; NaN where none does."""
+  counts = np.asarray(counts, np.float64)
+  sums = np.nan_to_num(np.asarray(curve, np.float64)) * counts
+  window = max(1, min(window, len(counts)))
+  kernel = np.ones(window)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    means = np.convolve(sums, kernel, mode="valid") / np.convolve(counts, kernel, mode="valid")
+  return np.arange(window, len(counts) + 1), means
 
 
 def _finish(fig, ax, path, xlabel, ylabel):
@@ -26,18 +31,26 @@ def _finish(fig, ax, path, xlabel, ylabel):
 
 
 def plot_per_token(runs, path, window=64, log_x=False):
-  """runs: [(label, result dict from summarize, training length)]."""
+  """runs: [(label, result dict from summarize, training length)]. Returns False, writing
+  nothing, when no run has a scored position (a blank plot says nothing)."""
   fig, ax = plt.subplots(figsize=(7, 4.5))
+  drawn = False
   for label, result, train_len in runs:
-    curve = np.array([np.nan if x is None else x for x in result["per_token_loss"]])
-    positions, smooth = moving_average(curve, window)
+    curve = [np.nan if x is None else x for x in result["per_token_loss"]]
+    positions, smooth = windowed_mean(curve, result["per_token_count"], window)
+    drawn |= bool(np.isfinite(smooth).any())
     line, = ax.plot(positions, smooth, label=label, linewidth=1.4)
     if train_len:
       ax.axvline(train_len, color=line.get_color(), linestyle=":", linewidth=1)
+  if not drawn:
+    plt.close(fig)
+    return False
   if log_x:
     ax.set_xscale("log")
   ax.set_title("Per-token loss")
-  _finish(fig, ax, path, "token position (dotted: training length)", f"loss (moving average, {window} tokens)")
+  _finish(fig, ax, path, "token position (dotted: training length)",
+          f"loss over the scored tokens of the last {window} positions")
+  return True
 
 
 def plot_perplexity(runs, path):
@@ -50,14 +63,29 @@ def plot_perplexity(runs, path):
   _finish(fig, ax, path, "context length L", "perplexity over the first L tokens")
 
 
+def plot_recall(runs, path):
+  """MQAR recall accuracy by key-query distance bucket, one line per run, with the counts."""
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for label, result, _ in runs:
+    buckets = sorted(int(b) for b in result["recall_by_distance"])
+    cells = [result["recall_by_distance"][str(b)] for b in buckets]
+    ax.plot(buckets, [c["accuracy"] for c in cells], "o-", label=label)
+    for bucket, cell in zip(buckets, cells):
+      ax.annotate(f"n={cell['count']}", (bucket, cell["accuracy"]), fontsize=7, textcoords="offset points",
+                  xytext=(0, 5), ha="center")
+  ax.set_xscale("log", base=2)
+  ax.set_ylim(-0.05, 1.1)
+  _finish(fig, ax, path, "distance from key to query (tokens, bucket start)", "recall accuracy")
+
+
 def plot_needle(grid, lengths, depths, path, title="Needle in a haystack"):
-  fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 4.5))
+  fig, ax = plt.subplots(figsize=(max(5.5, 1.2 + 0.9 * len(lengths)), 4.5))
   image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
   ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
   ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
   ax.set_xlabel("context length")
   ax.set_ylabel("needle depth")
-  ax.set_title(title)
+  ax.set_title(title, fontsize=10, wrap=True)
   fig.colorbar(image, ax=ax, label="exact-match accuracy")
   fig.tight_layout()
   fig.savefig(path, dpi=120)

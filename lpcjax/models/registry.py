@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from lpcjax.config import ConfigError, require
+from lpcjax.config import require
 from lpcjax.losses import lm_loss
+from lpcjax.registry import Registry
 
 LM_DATA_KINDS = ("mqar", "text", "tokens")
 
@@ -70,21 +71,9 @@ class Family:
     return self.module_cls(config)
 
 
-_FAMILIES = {}
+_FAMILIES = Registry("model.family", "model family")
+get, names = _FAMILIES.get, _FAMILIES.names
 
 
 def register(family):
-  if family.name in _FAMILIES:
-    raise ValueError(f"model family {family.name!r} is already registered")
-  _FAMILIES[family.name] = family
-  return family
-
-
-def get(name):
-  if name not in _FAMILIES:
-    raise ConfigError(f"model.family: unknown model family {name!r}; known: {', '.join(sorted(_FAMILIES))}")
-  return _FAMILIES[name]
-
-
-def names():
-  return sorted(_FAMILIES)
+  return _FAMILIES.register(family.name, family)

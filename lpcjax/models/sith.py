@@ -153,7 +153,7 @@ def windowed_logits(model, params, inputs, segment_ids=None):
 def check_sith(config):
   check_vocab(config)
   require(config.data.seq_len == config.model.window_len, "data.seq_len",
-          f"the sith model reads windows of H + m = {config.model.window_len} tokens, got {config.data.seq_len}")
+          f"the sith model reads windows of {config.model.window_len} tokens (H + m), got {config.data.seq_len}")
 
 
 def _evaluator():

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -35,11 +36,11 @@ from lpcjax import config as config_lib
 from lpcjax import models
 from lpcjax.data import make_dataset, make_iterator
 from lpcjax.files import write_json_atomic
-from lpcjax.sharding import make_mesh, rules_from_config
+from lpcjax.sharding import check_divisible, make_mesh, rules_from_config
 
 from .checkpoint import Checkpointer, has_checkpoint
-from .runs import check_same_structure, num_params, parse_run_spec, read_config, restore_state
-from .steps import create_train_state, eval_step, make_optimizer, state_shardings, train_step
+from .runs import RunError, check_same_structure, num_params, parse_run_spec, read_config, restore_state
+from .steps import create_train_state, eval_step, make_optimizer, state_shardings, step_rng, train_step
 
 
 class TrainingError(RuntimeError):
@@ -71,14 +72,35 @@ class NonfiniteGuard:
                           f"saving (latest checkpoint: step {latest})")
 
 
-def run_directory(config, resume):
+def latest_checkpoint_step(run_dir):
+  """The highest complete checkpoint step in ``run_dir`` (Orbax renames a step's folder to its
+  number only when it is complete), or None."""
+  folder = os.path.join(run_dir, "checkpoints")
+  steps = [int(name) for name in os.listdir(folder) if name.isdigit()] if os.path.isdir(folder) else []
+  return max(steps, default=None)
+
+
+def open_run_directory(config, resume):
+  """(run_dir, latest checkpoint step or None, whether this call created the folder), after
+  checking what ``resume`` asks of it: False, a new run (a folder with checkpoints is an error);
+  True, continue its latest checkpoint (none is an error); "or_start", continue or start."""
+  if resume and not config.train.run_name:
+    raise config_lib.ConfigError("train.run_name: --resume needs the name of the run to continue")
   name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
   run_dir = os.path.join(config.train.run_dir, name)
-  if has_checkpoint(run_dir) and not resume:
+  latest = latest_checkpoint_step(run_dir)
+  if latest is not None and not resume:
     raise FileExistsError(f"run directory {run_dir} already holds checkpoints; pass --resume to "
                           "continue it or choose another train.run_name")
+  if latest is None and resume is True:
+    raise RunError(f"{run_dir}: no checkpoint to resume; start it without --resume "
+                   "(--resume-or-start does either)")
+  if latest is not None and latest > config.train.steps:
+    raise config_lib.ConfigError(f"train.steps: {run_dir} is already at step {latest}, past "
+                                 f"train.steps={config.train.steps}; set train.steps above {latest} to train on")
+  created = not os.path.isdir(run_dir)
   os.makedirs(run_dir, exist_ok=True)
-  return run_dir
+  return run_dir, latest, created
 
 
 def check_resumable(run_dir, config):
@@ -113,14 +135,22 @@ def stop_requests():
 
 
 class MetricsLog:
-  """metrics.jsonl in the run directory (appended on resume), plus TensorBoard if asked for.
-  Only process 0 writes."""
+  """metrics.jsonl in the run directory, plus TensorBoard if asked for. A run starting at step
+  ``start`` keeps only the rows up to it (a run killed after its last checkpoint logged steps
+  that its resumption logs again), then appends. Only process 0 writes."""
 
-  def __init__(self, run_dir, tensorboard):
+  def __init__(self, run_dir, tensorboard, start):
     self.enabled = jax.process_index() == 0
-    self.file = open(os.path.join(run_dir, "metrics.jsonl"), "a") if self.enabled else None
-    self.tensorboard = None
-    if tensorboard and self.enabled:
+    self.file, self.tensorboard = None, None
+    if not self.enabled:
+      return
+    path = os.path.join(run_dir, "metrics.jsonl")
+    kept = [line for line in open(path) if json.loads(line)["step"] <= start] if os.path.exists(path) else []
+    with open(f"{path}.tmp", "w") as f:
+      f.writelines(kept)
+    os.replace(f"{path}.tmp", path)
+    self.file = open(path, "a")
+    if tensorboard:
       try:
         from tensorboardX import SummaryWriter
       except ImportError:
@@ -194,7 +224,15 @@ def compiled_steps(family, config, shardings):
   if not getattr(config.model, "debug_checks", False):
     return jax.jit(step, donate_argnums=0, out_shardings=(shardings, None)), jax.jit(evaluate_batch)
 
-  checked_step = jax.jit(checkify.checkify(step, errors=checkify.user_checks))
+  def forward_then_step(state, batch):
+    # checkify drops the checks raised inside the model's nn.scan layer stack under jax.grad
+    # (unrolled layers keep them), so debug mode runs the forward pass once more outside the
+    # gradient, where every check reaches the error it returns.
+    family.loss(state.apply_fn, state.params, batch, rng=step_rng(config.train.seed, state.step),
+                step=state.step, mutable=state.mutable, train=True)
+    return step(state, batch)
+
+  checked_step = jax.jit(checkify.checkify(forward_then_step, errors=checkify.user_checks))
   checked_eval = jax.jit(checkify.checkify(evaluate_batch, errors=checkify.user_checks))
 
   def run_checked(fn, *args):
@@ -216,52 +254,68 @@ def weights_from_run(spec, abstract, shardings, mesh, rules):
   return jax.device_put((other.params, other.mutable), (shardings.params, shardings.mutable))
 
 
-def initial_state(family, model, config, run_dir, resume, data, checkpointer, mesh, rules):
-  """(state, start step): the latest checkpoint when resuming, else a new state (from
+def initial_state(family, model, config, run_dir, start, data, checkpointer, abstract, shardings, optimizer,
+                  mesh, rules):
+  """The checkpoint ``start`` when resuming (not None), else a new state (from
   ``train.init_from``'s weights if set), whose config is written to the run directory."""
-  optimizer = make_optimizer(config.train)
-  abstract, shardings = state_shardings(family, model, config, optimizer, mesh, rules)
-  start = checkpointer.latest_step() if resume else None
   if start is not None:
-    check_resumable(run_dir, config)
-    return checkpointer.restore(abstract, shardings, data.train, step=start), start, shardings
+    return checkpointer.restore(abstract, shardings, data.train, step=start)
   state = create_train_state(family, model, config, optimizer, shardings)
   if config.train.init_from:
     params, mutable = weights_from_run(config.train.init_from, abstract, shardings, mesh, rules)
     state = state.replace(params=params, mutable=mutable)
   if jax.process_index() == 0:  # processes share the run directory: one writer
     write_json_atomic(os.path.join(run_dir, "config.json"), config_lib.to_dict(config))
-  return state, 0, shardings
+  return state
 
 
 def train(config, resume=False, progress=True, devices=None):
-  """Train ``config`` (an ExperimentConfig); returns (run_dir, summary dict)."""
+  """Train ``config`` (an ExperimentConfig); returns (run_dir, summary dict).
+
+  ``resume``: False (a new run), True (continue the run's latest checkpoint) or "or_start".
+  Everything that can be checked (config, mesh, shardings, data, run directory) is checked
+  before anything is written; a run directory this call created and left without a checkpoint
+  is removed again. A stop request (SIGTERM/SIGINT) at any point ends the run after the current
+  step, with a checkpoint if a step was trained since the last one.
+  """
   family = models.get(config.model.family)
   model = family.build(config.model)
   mesh = make_mesh(config.train, devices)
   rules = rules_from_config(config.train)
-  data = TrainingData(config, mesh)
-  run_dir = run_directory(config, resume)  # after the data: bad data leaves no empty run dir
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
-    state, start, shardings = initial_state(family, model, config, run_dir, resume, data, checkpointer,
-                                            mesh, rules)
-    train_fn, eval_fn = compiled_steps(family, config, shardings)
-    size, clock = num_params(state.params), time.perf_counter()
-    final, preempted = run_steps(config, family, state, start, train_fn, eval_fn, data, checkpointer,
-                                 run_dir, progress)
-    checkpointer.close()
+  with stop_requests() as stop, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    data = TrainingData(config, mesh)
+    optimizer = make_optimizer(config.train)
+    abstract, shardings = state_shardings(family, model, config, optimizer, mesh, rules)
+    check_divisible(abstract.params, shardings.params)
+    check_divisible(abstract.mutable, shardings.mutable)
+    run_dir, start, created = open_run_directory(config, resume)
+    if start is not None:
+      check_resumable(run_dir, config)
+    if start == config.train.steps:
+      return run_dir, {"step": start, "already_complete": True, "preempted": False}
+    try:
+      checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
+      state = initial_state(family, model, config, run_dir, start, data, checkpointer, abstract, shardings,
+                            optimizer, mesh, rules)
+      train_fn, eval_fn = compiled_steps(family, config, shardings)
+      size, clock = num_params(state.params), time.perf_counter()
+      final, preempted = run_steps(config, family, state, start or 0, train_fn, eval_fn, data, checkpointer,
+                                   run_dir, progress, stop)
+      checkpointer.close()
+    finally:
+      if created and jax.process_index() == 0 and not has_checkpoint(run_dir):
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing trained: leave nothing behind
     summary = {**final, "num_params": size, "train_seconds": time.perf_counter() - clock,
                "family": config.model.family, "name": config.name, "preempted": preempted,
                "mesh": dict(mesh.shape)}
-  if jax.process_index() == 0:
+  if jax.process_index() == 0 and os.path.isdir(run_dir):
     write_json_atomic(os.path.join(run_dir, "summary.json"), summary)
   return run_dir, summary
 
 
-def run_steps(config, family, state, start, train_fn, eval_fn, data, checkpointer, run_dir, progress):
-  """The step loop from ``start`` to ``train.steps``: log, evaluate, checkpoint, stop on request.
-  Returns (final record, preempted)."""
+def run_steps(config, family, state, start, train_fn, eval_fn, data, checkpointer, run_dir, progress, stop):
+  """The step loop from ``start`` to ``train.steps``: log, evaluate, checkpoint, stop on request
+  (``stop["stop"]``, checked before and after every step). Returns (final record, preempted)."""
   total, cfg = config.train.steps, config.train
   units_per_step = config.data.batch_size * family.units_per_example(config)
   rate_key = f"{family.throughput_unit}_per_sec"
@@ -275,9 +329,12 @@ def run_steps(config, family, state, start, train_fn, eval_fn, data, checkpointe
   bar = tqdm(range(start, total), initial=start, total=total, desc=config.name,
              disable=not (progress and jax.process_index() == 0), dynamic_ncols=True)
   clock = time.perf_counter()
-  log = MetricsLog(run_dir, cfg.tensorboard)
-  with contextlib.closing(log), stop_requests() as stop:
+  log = MetricsLog(run_dir, cfg.tensorboard, start)
+  with contextlib.closing(log):
     for step in bar:
+      if stop["stop"]:  # asked to stop before this step (e.g. while the state was built)
+        preempted = True
+        break
       state, metrics = train_fn(state, data.place(next(data.train)))
       done = step + 1
       guard.push(done, metrics["finite"][0])

@@ -90,6 +90,7 @@ def test_prepare_round_trip_idempotent_and_checked(shared_data, tmp_path):
   with gzip.open(book, "rt", encoding="utf-8-sig") as f:
     text = f.read().replace("\r\n", "\n")
   tokens, loaded = load_token_file(prefix)
+  tokens = np.array(tokens)  # a copy: the memmapped file is rewritten below
   assert meta["num_documents"] == 3 and loaded["num_tokens"] == len(tokens) == meta["num_tokens"]
   first_len = len(enc.encode_ordinary(text)) + 1
   assert meta["doc_starts"] == [0, first_len, first_len + len(enc.encode_ordinary("First document.")) + 1]
@@ -102,6 +103,13 @@ def test_prepare_round_trip_idempotent_and_checked(shared_data, tmp_path):
     f.truncate(100)
   with pytest.raises(DataError, match="truncated or corrupt"):
     load_token_file(prefix)
+  prepare(prefix, [book, str(jsonl)], rank_file, progress=False)  # as the error advises: rebuilt
+  np.testing.assert_array_equal(load_token_file(prefix)[0], tokens)
+  with open(f"{prefix}.bin", "r+b") as f:  # same size, one token altered: the checksum sees it
+    f.seek(10)
+    f.write(b"\xff\xff")
+  prepare(prefix, [book, str(jsonl)], rank_file, progress=False)
+  np.testing.assert_array_equal(load_token_file(prefix)[0], tokens)
   with pytest.raises(DataError, match="token file not found"):
     load_token_file(str(tmp_path / "nothing"))
 

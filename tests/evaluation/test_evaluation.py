@@ -53,7 +53,8 @@ def test_per_token_curve_equals_direct_computation():
       direct_count += batch["loss_mask"][row]
   np.testing.assert_allclose(result["per_token_loss"], direct_sum / direct_count, atol=1e-5)
   assert result["mean_loss"] == pytest.approx(direct_sum.sum() / direct_count.sum(), abs=1e-6)
-  assert context_lengths(12) == [12] and context_lengths(3000) == [512, 1024, 2048, 3000]
+  assert context_lengths(12) == [2, 4, 8, 12] and context_lengths(3000) == [512, 1024, 2048, 3000]
+  assert context_lengths(256) == [32, 64, 128, 256] and context_lengths(8192)[:2] == [512, 1024]
 
 
 def test_roll_moves_inputs_targets_and_mask_together():
@@ -89,6 +90,7 @@ def test_eval_at_four_times_the_training_length_compiles_once(runs, family, tmp_
   assert result["num_sequences"] == ways and set(result["recall_by_distance"])
   LanguageModelEvaluator().write([result], str(tmp_path), evaluator_options(LanguageModelEvaluator()))
   assert (tmp_path / "per_token_loss.png").stat().st_size > 1000
+  assert (tmp_path / "recall_by_distance.png").stat().st_size > 1000
 
 
 def test_compare_overlays_runs(runs, tmp_path):
@@ -183,3 +185,23 @@ def test_eval_runs_on_a_sith_run(tmp_path):
   run_dir, _ = train(cfg, progress=False, devices=jax.devices()[:1])
   result = evaluate_run(run_dir, eval_len=48, max_sequences=len(jax.devices()), progress=False)
   assert result["family"] == "sith" and len(result["per_token_loss"]) == 48
+
+
+def test_sparse_curves_plot_where_they_have_loss(tmp_path):
+  """MQAR scores a few positions: the windowed mean is over the scored tokens of each window,
+  so the curve exists wherever a window holds one, and a curve with none is not plotted."""
+  from lpcjax.evaluation.plots import plot_per_token, windowed_mean
+  curve, counts = [None] * 64, [0] * 64
+  curve[10], counts[10], curve[40], counts[40] = 2.0, 3, 1.0, 1
+  positions, means = windowed_mean(curve, counts, 16)
+  assert positions[0] == 16 and len(means) == 49
+  by_end = dict(zip(positions, means))  # window ending at position p: indices p - 16 .. p - 1
+  assert by_end[16] == 2.0 and by_end[41] == 1.0 and np.isnan(by_end[30])
+  positions, means = windowed_mean(curve, counts, 32)
+  assert dict(zip(positions, means))[41] == pytest.approx((3 * 2.0 + 1.0) / 4)  # both, by their counts
+  assert plot_per_token([("mqar", {"per_token_loss": curve, "per_token_count": counts}, 32)],
+                        str(tmp_path / "sparse.png"), window=16)
+  assert (tmp_path / "sparse.png").stat().st_size > 1000
+  assert not plot_per_token([("none", {"per_token_loss": [None] * 8, "per_token_count": [0] * 8}, 4)],
+                            str(tmp_path / "blank.png"))
+  assert not (tmp_path / "blank.png").exists()

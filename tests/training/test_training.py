@@ -175,3 +175,59 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path):
   with pytest.raises(RunError, match="no checkpoint at step 7"):
     train(C.apply_overrides(wider, [f"train.init_from={source_dir}:7", "model.d_model=32"]), progress=False,
           devices=one_device())
+
+
+def test_resume_semantics_never_lose_or_relabel_a_checkpoint(tmp_path):
+  from lpcjax.training import RunError
+  common = ("train.warmup_steps=1", "train.mesh_data=1", "train.log_every=1", "train.checkpoint_every=2")
+  cfg = tiny_experiment(tmp_path, "train.steps=6", *common, name="r")
+  with pytest.raises(RunError, match="no checkpoint to resume"):
+    train(cfg, resume=True, progress=False, devices=one_device())
+  assert not os.path.exists(tmp_path / "r")
+  run_dir, _ = train(cfg, resume="or_start", progress=False, devices=one_device())
+  checkpoints = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+  metrics = open(os.path.join(run_dir, "metrics.jsonl")).read()
+  with pytest.raises(C.ConfigError, match="train.steps: .* is already at step 6, past train.steps=4"):
+    train(C.apply_overrides(cfg, ["train.steps=4"]), resume=True, progress=False, devices=one_device())
+  _, summary = train(cfg, resume=True, progress=False, devices=one_device())
+  assert summary["already_complete"] and summary["step"] == 6
+  assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == checkpoints  # nothing renamed or deleted
+  assert open(os.path.join(run_dir, "metrics.jsonl")).read() == metrics
+  # Killed after the step-4 checkpoint, with steps 5 and 6 already logged: resuming logs them once.
+  import shutil
+  shutil.rmtree(os.path.join(run_dir, "checkpoints", "6"))
+  train(C.apply_overrides(cfg, ["train.steps=8"]), resume=True, progress=False, devices=one_device())
+  steps = [json.loads(line)["step"] for line in open(os.path.join(run_dir, "metrics.jsonl"))
+           if "loss" in json.loads(line)]
+  assert steps == list(range(1, 9))
+
+
+def test_mesh_errors_are_one_line_and_write_nothing(tmp_path):
+  result = subprocess.run([sys.executable, str(REPO / "train.py"), "train.mesh_data=3", f"train.run_dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "XLA_FLAGS": ""})
+  assert result.returncode == 2
+  assert result.stderr.strip() == "error: train.mesh_data: data x fsdp x tensor = 3 x 1 x 1 needs 3 devices, found 1"
+  if len(jax.devices()) >= 8:
+    cfg = tiny_experiment(tmp_path, "train.mesh_tensor=8", "train.mesh_data=1", name="t")  # 4 heads
+    with pytest.raises(C.ConfigError, match=r"train.mesh_tensor: 8-way sharding over tensor does not divide "
+                                            r"\['layers'\]\['attn'\]"):
+      train(cfg, progress=False)
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_stop_request_at_any_moment_ends_cleanly(tmp_path):
+  """SIGINT while the run starts (imports, data, compilation) or trains: exit 0 (or 130 before
+  the trainer runs), one line, no traceback, and no run directory unless a checkpoint is in it."""
+  import signal
+  import time
+  for delay in (2.0, 6.0):
+    run_dir = tmp_path / f"after_{delay:g}s"
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"train.run_dir={tmp_path}",
+                                f"train.run_name={run_dir.name}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=tmp_path, env={**os.environ, "XLA_FLAGS": ""})
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode in (0, 130), stderr
+    assert "Traceback" not in stderr and "Segmentation" not in stderr
+    assert not run_dir.exists() or has_checkpoint(str(run_dir))

@@ -42,3 +42,16 @@ def tiny_experiment(tmp_path, *overrides, name="run"):
       *mqar, "data.seq_len=32", "data.batch_size=8", "model.d_model=32", "model.mlp_multiple_of=32",
       "train.steps=30", "train.warmup_steps=5", "train.log_every=10", "train.eval_batches=2",
       f"train.run_dir={tmp_path}", f"train.run_name={name}", *overrides])
+
+
+def write_token_file(prefix, num_tokens, seed=0, tokenizer_sha256=None):
+  """A token file as ``python -m lpcjax.data`` writes it, without tokenizing: random GPT-2 ids
+  (uint16), one document; evaluation checks ``tokenizer_sha256`` when given."""
+  import json
+  import numpy as np
+  tokens = np.random.default_rng(seed).integers(0, 50257, num_tokens).astype(np.uint16)
+  tokens.tofile(f"{prefix}.bin")
+  with open(f"{prefix}.json", "w") as f:
+    json.dump({"num_tokens": num_tokens, "doc_starts": [0], "num_documents": 1,
+               "tokenizer_sha256": tokenizer_sha256}, f)
+  return str(prefix)

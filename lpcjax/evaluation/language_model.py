@@ -16,11 +16,12 @@ from lpcjax.files import write_json_atomic
 from lpcjax.training.runs import num_params
 
 from .needle import needle_grid
-from .per_token import per_token_losses, sequence_logits, summarize
+from .per_token import confidence_band, per_token_losses, sequence_logits, summarize
 from .plots import plot_needle, plot_per_token, plot_perplexity, plot_recall
 from .recall import recall_by_distance
 
 NEEDLE_DEPTHS = tuple(i / 10 for i in range(11))
+GENERATED_SEQUENCES = 1024  # MQAR has no end: how many sequences to score by default
 
 
 def _eval_data(config, eval_len, batch_size, data_files, data_tokens):
@@ -79,13 +80,15 @@ class LanguageModelEvaluator:
     parser.add_argument("--tokens", help="a prepared token file prefix to evaluate on")
     parser.add_argument("--eval-len", type=int, default=None, help="default: 4x the training length")
     parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--max-sequences", type=int, default=64)
+    parser.add_argument("--max-sequences", type=int, default=None,
+                        help=f"default: every sequence of the data ({GENERATED_SEQUENCES} of generated MQAR)")
     parser.add_argument("--no-roll", action="store_true", help="do not roll sequences randomly")
     parser.add_argument("--needle", action="store_true", help="run the needle-in-a-haystack grid")
     parser.add_argument("--needle-lengths", type=int, nargs="+", default=None)
     parser.add_argument("--haystack", nargs="+", default=None, help="haystack text files (default: --data)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rolls and the needle keys")
-    parser.add_argument("--window", type=int, default=64, help="moving-average window of the plot")
+    parser.add_argument("--window", type=int, default=64,
+                        help="positions per moving-average window and per confidence-band bin")
     parser.add_argument("--log-x", action="store_true")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
 
@@ -100,17 +103,20 @@ class LanguageModelEvaluator:
     if batch_size % data_ways:
       raise DataError(f"--batch-size {batch_size} is not divisible by the {data_ways} data devices")
     data_config = _eval_data(config, eval_len, batch_size, data, options.tokens)
-    dataset = make_dataset(data_config, seed, "eval", max_examples=options.max_sequences)
+    max_sequences = options.max_sequences
+    if max_sequences is None and isinstance(data_config, MQARDataConfig):
+      max_sequences = GENERATED_SEQUENCES
+    dataset = make_dataset(data_config, seed, "eval", max_examples=max_sequences)
     roll = not options.no_roll and isinstance(data_config, TokenWindowConfig)  # a text stream, not MQAR
     batches = lambda: (dataset[i] for i in range(len(dataset)))
     with jax.set_mesh(mesh), nn.logical_axis_rules(run.rules):
-      sums, counts, _, per_sequence = per_token_losses(
-          run.model, run.params, batches(), mesh, logits_fn=self.sequence_logits,
-          roll_seed=seed if roll else None, progress=options.progress, total=len(dataset))
-      result = summarize(sums, counts, len(per_sequence), _tokens_per_word(data_config))
+      totals = per_token_losses(run.model, run.params, batches(), mesh, logits_fn=self.sequence_logits,
+                                roll_seed=seed if roll else None, progress=options.progress,
+                                total=len(dataset), bin_width=options.window)
+      result = summarize(totals.sums, totals.counts, len(totals.sequence_means), _tokens_per_word(data_config))
       result.update(run=os.path.abspath(run.run_dir), label=run_label(config, run.params), train_len=train_len,
                     family=config.model.family, data_kind=data_config.kind, rolled=roll,
-                    per_sequence_loss=per_sequence.tolist())
+                    per_sequence_loss=totals.sequence_means.tolist(), band=confidence_band(totals))
       predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
       predict_fn = lambda x: predict(run.params, np.asarray(x))
       if isinstance(data_config, MQARDataConfig):

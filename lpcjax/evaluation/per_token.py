@@ -7,7 +7,9 @@ text). Optionally each sequence is rolled by a random offset first (the paper's 
 that every position sees text of the same difficulty on average.
 """
 
+import dataclasses
 import math
+import warnings
 
 import jax
 import numpy as np
@@ -45,11 +47,25 @@ def sequence_logits(model, params, inputs, segment_ids=None):
   return model.apply({"params": params}, inputs, segment_ids=segment_ids)
 
 
+@dataclasses.dataclass
+class PerTokenTotals:
+  """What ``per_token_losses`` gathers, float64: loss sums, scored-token counts and argmax hits
+  per position [T]; each sequence's mean loss [N]; and each sequence's mean loss in bins of
+  ``bin_width`` positions [N, ceil(T / bin_width)] (NaN where a bin scores nothing)."""
+
+  sums: np.ndarray
+  counts: np.ndarray
+  hits: np.ndarray
+  sequence_means: np.ndarray
+  bin_means: np.ndarray
+  bin_width: int
+
+
 def per_token_losses(model, params, batches, mesh, *, logits_fn=sequence_logits, roll_seed=None,
-                     progress=True, total=None):
+                     progress=True, total=None, bin_width=64):
   """Run the model over ``batches`` (an iterable of numpy batch dicts of one shape; padding
-  examples with ``valid`` = 0 count nowhere) and return (loss_sums [T] float64, counts [T]
-  float64, hits [T] float64, per-sequence mean losses [N] float64). One compilation per shape."""
+  examples with ``valid`` = 0 count nowhere) and return their PerTokenTotals. One compilation
+  per shape."""
   sharding = NamedSharding(mesh, P(("data", "fsdp")))
 
   @jax.jit
@@ -58,8 +74,7 @@ def per_token_losses(model, params, batches, mesh, *, logits_fn=sequence_logits,
     return masked_cross_entropy(logits, batch["targets"], scored_positions(batch))
 
   rng = None if roll_seed is None else np.random.default_rng(roll_seed)
-  sums = counts = hits_sum = None
-  sequence_means = []
+  totals, sequence_means, bin_means = None, [], []
   for batch in tqdm(batches, desc="per-token loss", total=total, disable=not progress):
     if rng is not None:
       batch = roll_batch(batch, rng)
@@ -67,16 +82,40 @@ def per_token_losses(model, params, batches, mesh, *, logits_fn=sequence_logits,
     losses, hits = position_losses(params, placed)
     losses, hits = np.asarray(losses, np.float64), np.asarray(hits, np.float64)
     mask = np.asarray(scored_positions(batch), np.float64)
-    if sums is None:
-      sums, counts, hits_sum = (np.zeros(losses.shape[1]) for _ in range(3))
-    sums += losses.sum(0)
-    counts += mask.sum(0)
-    hits_sum += hits.sum(0)
+    if totals is None:
+      totals = [np.zeros(losses.shape[1]) for _ in range(3)]
+    for total_, value in zip(totals, (losses, mask, hits)):
+      total_ += value.sum(0)
     real = mask.sum(1) > 0
     sequence_means.extend(losses.sum(1)[real] / mask.sum(1)[real])
-  if sums is None:
+    bin_means.extend(_binned_means(losses[real], mask[real], bin_width))
+  if totals is None:
     raise ValueError("per-token loss: the evaluation data gave no batch")
-  return sums, counts, hits_sum, np.asarray(sequence_means)
+  return PerTokenTotals(*totals, np.asarray(sequence_means), np.asarray(bin_means), bin_width)
+
+
+def _binned_means(losses, mask, width):
+  """[rows, ceil(T / width)]: each row's mean loss over the scored positions of each bin."""
+  pad = -losses.shape[1] % width
+  losses, mask = (np.pad(x, ((0, 0), (0, pad))).reshape(len(x), -1, width).sum(-1) for x in (losses, mask))
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return losses / mask
+
+
+def confidence_band(totals):
+  """Per bin: the mean over sequences of their bin means, and its standard error (std / sqrt n,
+  n = sequences scored in the bin): how far the curve could move with other sequences."""
+  means = totals.bin_means
+  n = np.isfinite(means).sum(0)
+  with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # bins no sequence scores
+    mean = np.nanmean(means, axis=0)
+    stderr = np.nanstd(means, axis=0, ddof=1) / np.sqrt(n)
+  starts = np.arange(means.shape[1]) * totals.bin_width
+  ends = np.minimum(starts + totals.bin_width, len(totals.sums))
+  finite = lambda xs: [float(x) if np.isfinite(x) else None for x in xs]
+  return {"bin_width": totals.bin_width, "centers": ((starts + ends + 1) / 2).tolist(), "mean": finite(mean),
+          "stderr": finite(stderr), "sequences": n.tolist()}
 
 
 def summarize(sums, counts, num_sequences, tokens_per_word=None):

@@ -39,7 +39,13 @@ def plot_per_token(runs, path, window=64, log_x=False):
     curve = [np.nan if x is None else x for x in result["per_token_loss"]]
     positions, smooth = windowed_mean(curve, result["per_token_count"], window)
     drawn |= bool(np.isfinite(smooth).any())
-    line, = ax.plot(positions, smooth, label=label, linewidth=1.4)
+    line, = ax.plot(positions - (window - 1) / 2, smooth, label=label, linewidth=1.4)  # at window centres
+    band = result.get("band")
+    if band:  # mean +- standard error over sequences, per bin
+      centers, mean, stderr = (np.array([np.nan if x is None else x for x in band[k]], np.float64)
+                               for k in ("centers", "mean", "stderr"))
+      ax.fill_between(centers, mean - stderr, mean + stderr, color=line.get_color(), alpha=0.2, linewidth=0,
+                      step="mid")
     if train_len:
       ax.axvline(train_len, color=line.get_color(), linestyle=":", linewidth=1)
   if not drawn:
@@ -48,8 +54,8 @@ def plot_per_token(runs, path, window=64, log_x=False):
   if log_x:
     ax.set_xscale("log")
   ax.set_title("Per-token loss")
-  _finish(fig, ax, path, "token position (dotted: training length)",
-          f"loss over the scored tokens of the last {window} positions")
+  _finish(fig, ax, path, "token position (dotted: training length; band: ±1 standard error over sequences)",
+          f"loss over the scored tokens of {window} positions")
   return True
 
 

@@ -60,3 +60,19 @@ class Projection(nn.Module):
     shape = tuple(x.shape[-self.in_ndim:]) + tuple(self.out_shape)
     kernel = self.param("kernel", normal_init(self.init_std, self.axes), shape, self.param_dtype)
     return jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=self.in_ndim)
+
+
+class TokenEmbed(nn.Embed):
+  """nn.Embed whose table is gathered over its embed dimension before the lookup.
+
+  Under FSDP the table's embed dimension is sharded over "fsdp", while activations shard their
+  batch over ("data", "fsdp"). Rows looked up from the sharded table come out embed-sharded, and
+  XLA can turn that into batch sharding only by rematerializing the whole activation (its
+  "Involuntary full rematerialization" warning), in the backward pass too. Gathering the table
+  first, as FSDP does for every other weight, avoids it; the vocabulary stays sharded.
+  """
+
+  def __call__(self, inputs):
+    (table,) = self.promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
+    table = nn.with_logical_constraint(table, ("vocab", None))
+    return jnp.take(table, inputs, axis=0)

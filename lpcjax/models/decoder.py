@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from lpcjax.layers import ForgettingAttention, RMSNorm, SwiGLU
-from lpcjax.layers.common import dtype_of, normal_init
+from lpcjax.layers.common import TokenEmbed, dtype_of, normal_init
 
 EMBED = ("activation_batch", "activation_length", "activation_embed")
 
@@ -75,7 +75,7 @@ class DecoderLM(nn.Module):
   def __call__(self, tokens, segment_ids=None):
     cfg = self.config
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+    embed = TokenEmbed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
                      embedding_init=normal_init(cfg.init_std, ("vocab", "embed")), name="embed")
     x = nn.with_logical_constraint(embed(tokens), EMBED)
     x, _ = stacked_blocks(cfg)(x, segment_ids)

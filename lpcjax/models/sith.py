@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from lpcjax.config import require, require_choice
-from lpcjax.layers.common import DTYPES, dtype_of, normal_init
+from lpcjax.layers.common import DTYPES, TokenEmbed, dtype_of, normal_init
 from lpcjax.layers.sith import TABLE_C, SITHCompressor, sith_peaks
 
 from .registry import Family, check_vocab, register
@@ -113,7 +113,7 @@ class SITHLM(nn.Module):
       raise ValueError(f"sith: expected windows of H + m = {history} + {cfg.chunk_len} tokens, "
                        f"got {tokens.shape[1]}")
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
-    wte = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+    wte = TokenEmbed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
                    embedding_init=normal_init(cfg.init_std, ("vocab", "embed")), name="wte")
     embedded = wte(tokens)
     slots = SITHCompressor(cfg.num_filters, cfg.k, cfg.c, cfg.tau_min, cfg.delta_pulse, dtype=dtype,

@@ -14,11 +14,11 @@ from lpcjax.evaluation import (LanguageModelEvaluator, RunError, context_lengths
                                load_run,
                                needle_example, needle_grid, per_token_losses, recall_by_distance, score_answers,
                                summarize)
-from lpcjax.evaluation.per_token import roll_batch
+from lpcjax.evaluation.per_token import confidence_band, roll_batch
 from lpcjax.sharding import make_mesh
 from lpcjax.training import train
 
-from conftest import REPO, tiny_experiment
+from conftest import REPO, tiny_experiment, write_token_file
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +41,29 @@ def test_per_token_curve_equals_direct_computation():
               "targets": rng.integers(0, 40, (2, 12)).astype(np.int32),
               "loss_mask": (rng.uniform(size=(2, 12)) > 0.2).astype(np.float32)} for _ in range(3)]
   mesh = make_mesh(tiny_experiment("/tmp", "train.mesh_data=1").train, jax.devices()[:1])
-  sums, counts, _, _ = per_token_losses(model, params, batches, mesh, progress=False)
-  result = summarize(sums, counts, 6)
-  direct_sum, direct_count = np.zeros(12), np.zeros(12)
+  batches[1]["valid"] = np.array([1.0, 0.0], np.float32)  # a padding row: counted nowhere
+  totals = per_token_losses(model, params, batches, mesh, progress=False, bin_width=5)
+  result = summarize(totals.sums, totals.counts, len(totals.sequence_means))
+  direct_sum, direct_count, direct_bins = np.zeros(12), np.zeros(12), []
   for batch in batches:
     for row in range(2):
+      if batch.get("valid", np.ones(2))[row] == 0:
+        continue
       logits = np.asarray(model.apply({"params": params}, batch["inputs"][row:row + 1])[0], np.float64)
       log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-      loss = log_z - logits[np.arange(12), batch["targets"][row]]
-      direct_sum += loss * batch["loss_mask"][row]
+      loss = (log_z - logits[np.arange(12), batch["targets"][row]]) * batch["loss_mask"][row]
+      direct_sum += loss
       direct_count += batch["loss_mask"][row]
+      direct_bins.append([loss[a:a + 5].sum() / batch["loss_mask"][row][a:a + 5].sum() for a in (0, 5, 10)])
   np.testing.assert_allclose(result["per_token_loss"], direct_sum / direct_count, atol=1e-5)
   assert result["mean_loss"] == pytest.approx(direct_sum.sum() / direct_count.sum(), abs=1e-6)
+  assert result["num_sequences"] == 5 and result["per_token_count"] == direct_count.tolist()
+  np.testing.assert_allclose(totals.bin_means, direct_bins, atol=1e-5)  # bins of 5, 5 and 2 positions
+  band = confidence_band(totals)
+  direct_bins = np.array(direct_bins)
+  np.testing.assert_allclose(band["mean"], direct_bins.mean(0), atol=1e-5)
+  np.testing.assert_allclose(band["stderr"], direct_bins.std(0, ddof=1) / np.sqrt(5), atol=1e-5)
+  assert band["centers"] == [3.0, 8.0, 11.5] and band["sequences"] == [5, 5, 5]
   assert context_lengths(12) == [2, 4, 8, 12] and context_lengths(3000) == [512, 1024, 2048, 3000]
   assert context_lengths(256) == [32, 64, 128, 256] and context_lengths(8192)[:2] == [512, 1024]
 
@@ -205,3 +216,22 @@ def test_sparse_curves_plot_where_they_have_loss(tmp_path):
   assert not plot_per_token([("none", {"per_token_loss": [None] * 8, "per_token_count": [0] * 8}, 4)],
                             str(tmp_path / "blank.png"))
   assert not (tmp_path / "blank.png").exists()
+
+
+def test_eval_reads_every_sequence_by_default(tmp_path, shared_data):
+  """10 held-out windows on 8 devices: two batches, the second padded; every window is scored
+  once, the padding nowhere."""
+  from lpcjax.data.prepare import tokenizer_hash
+  rank_file = str(shared_data / "gpt2.tiktoken")
+  sha = tokenizer_hash(load_gpt2_tokenizer(rank_file))
+  prefix = write_token_file(tmp_path / "tokens", 4000, tokenizer_sha256=sha)
+  held_out = write_token_file(tmp_path / "held_out", 10 * 64 + 1, seed=1, tokenizer_sha256=sha)
+  cfg = tiny_experiment(tmp_path, "data.kind=tokens", f"data.train_tokens={prefix}", "model.vocab_size=50257",
+                        f"data.tokenizer_file={rank_file}",
+                        "data.seq_len=16", "train.steps=1", "train.warmup_steps=0", "train.mesh_data=1",
+                        "train.eval_batches=1", name="tokens")
+  run_dir, _ = train(cfg, progress=False, devices=jax.devices()[:1])
+  result = evaluate_run(run_dir, tokens=held_out, eval_len=64, progress=False)
+  assert result["num_sequences"] == 10 and len(result["per_sequence_loss"]) == 10
+  assert result["num_tokens"] == 10 * 64 and result["per_token_count"] == [10.0] * 64
+  assert result["band"]["sequences"] == [10]

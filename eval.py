@@ -30,21 +30,21 @@ def main(argv=None):
 
   from lpcjax.config import ConfigError
   from lpcjax.data import DataError
-  from lpcjax.evaluation import RunError, evaluator_of, load_run
+  from lpcjax.evaluation import RunError, evaluators_of, load_run
 
   run_dirs = [known.run] if known.run else known.compare
   try:
-    evaluator = evaluator_of(run_dirs)
+    evaluators = evaluators_of(run_dirs)
     parser = _run_parser(add_help=True)
-    evaluator.add_arguments(parser)
+    evaluators[0].add_arguments(parser)
     args = parser.parse_args(argv)
-    results = [evaluator.evaluate(load_run(run), args) for run in run_dirs]
+    results = [evaluator.evaluate(load_run(run), args) for evaluator, run in zip(evaluators, run_dirs)]
     out = args.out or os.path.join(run_dirs[0], "eval")
-    evaluator.write(results, out, args)
+    evaluators[0].write(results, out, args)
   except (RunError, DataError, ConfigError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
-  for result in results:
+  for evaluator, result in zip(evaluators, results):
     print("\n".join(evaluator.report(result)))
   print(f"wrote {out}")
   return 0

@@ -20,19 +20,12 @@ DEFAULT_CONFIG = "fox_tiny_mqar"
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default=DEFAULT_CONFIG,
-                      help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
-  parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-  resume = parser.add_mutually_exclusive_group()
-  resume.add_argument("--resume", action="store_const", const=True, default=False,
-                      help="continue the run's latest checkpoint (state and data order); none is an error")
-  resume.add_argument("--resume-or-start", dest="resume", action="store_const", const="or_start",
-                      help="continue the run's latest checkpoint, or start the run if it has none")
-  parser.add_argument("overrides", nargs="*", help="section.field=value")
-  args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
+class UsageError(Exception):
+  """A bad config, data, run directory or resume request: reported in one line."""
 
+
+def _train(args):
+  """(run_dir, summary), or (None, None) after --print-config."""
   if os.environ.get("LPCJAX_DISTRIBUTED") == "1":
     import jax
     jax.distributed.initialize()  # coordinator, process count and id from the environment
@@ -46,14 +39,35 @@ def main(argv=None):
     config = config_lib.apply_overrides(config, args.overrides)
     if args.print_config:
       print(config_lib.to_json(config))
-      return 0
-    run_dir, summary = train(config, resume=args.resume)
+      return None, None
+    return train(config, resume=args.resume)
   except (config_lib.ConfigError, DataError, FileExistsError, RunError, TrainingError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:  # only before training starts: from then on a stop is graceful
+    raise UsageError(error) from None
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", default=DEFAULT_CONFIG,
+                      help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
+  parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+  resume = parser.add_mutually_exclusive_group()
+  resume.add_argument("--resume", action="store_const", const=True, default=False,
+                      help="continue the run's latest checkpoint (state and data order); none is an error")
+  resume.add_argument("--resume-or-start", dest="resume", action="store_const", const="or_start",
+                      help="continue the run's latest checkpoint, or start the run if it has none")
+  parser.add_argument("overrides", nargs="*", help="section.field=value")
+  args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
+
+  try:
+    run_dir, summary = _train(args)
+  except KeyboardInterrupt:  # only before the trainer starts: from then on a stop is graceful
     print("error: interrupted before training started; nothing was written", file=sys.stderr)
     return 130
+  except UsageError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  if summary is None:
+    return 0
   if summary.get("already_complete"):
     print(f"{run_dir} is already at step {summary['step']} = train.steps: nothing to train "
           "(raise train.steps to train on)")

@@ -55,3 +55,22 @@ def write_token_file(prefix, num_tokens, seed=0, tokenizer_sha256=None):
     json.dump({"num_tokens": num_tokens, "doc_starts": [0], "num_documents": 1,
                "tokenizer_sha256": tokenizer_sha256}, f)
   return str(prefix)
+
+
+def sigterm_after_rows(monkeypatch, rows=3):
+  """Make the trainer send itself SIGTERM right after logging its ``rows``-th training row: a
+  preemption at a known step, delivered the way a scheduler delivers it (the trainer's signal
+  handler is installed then, so the run stops after that step)."""
+  import signal
+  from lpcjax.training import loop
+  write, logged = loop.MetricsLog.write, []
+
+  def write_then_preempt(self, record):
+    write(self, record)
+    if "loss" in record:
+      logged.append(record["step"])
+      if len(logged) == rows:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(loop.MetricsLog, "write", write_then_preempt)
+  return logged

@@ -1,13 +1,13 @@
 """Evaluation of trained runs. Each family names an evaluator (``lpcjax.evaluation.evaluator``);
 the language models' one gives per-token loss curves, perplexity vs context and retrieval probes."""
 
-from .evaluator import evaluate_run, evaluator_of, evaluator_options
+from .evaluator import evaluate_run, evaluator_options, evaluators_of
 from .language_model import LanguageModelEvaluator
 from .needle import needle_example, needle_grid, score_answers
 from .per_token import context_lengths, per_token_losses, sequence_logits, summarize
 from .recall import recall_by_distance
 from .runs import LoadedRun, RunError, load_run
 
-__all__ = ["LanguageModelEvaluator", "LoadedRun", "RunError", "context_lengths", "evaluate_run", "evaluator_of", "evaluator_options",
+__all__ = ["LanguageModelEvaluator", "LoadedRun", "RunError", "context_lengths", "evaluate_run", "evaluator_options", "evaluators_of",
            "load_run", "needle_example", "needle_grid", "per_token_losses", "recall_by_distance",
            "score_answers", "sequence_logits", "summarize"]

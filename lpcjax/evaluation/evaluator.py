@@ -18,13 +18,14 @@ from lpcjax.training.runs import RunError, read_config
 from .runs import load_run
 
 
-def evaluator_of(run_dirs):
-  """The evaluator shared by the families of ``run_dirs`` (compared runs must share one)."""
+def evaluators_of(run_dirs):
+  """Each run's evaluator (its family's); compared runs need evaluators of one kind (class),
+  whose options and plots they share (sith and fox runs: both language-model evaluators)."""
   families = [models.get(read_config(run_dir).model.family) for run_dir in run_dirs]
-  factories = {family.evaluator for family in families}
-  if len(factories) > 1:
+  evaluators = [family.evaluator() for family in families]
+  if len({type(evaluator) for evaluator in evaluators}) > 1:
     raise RunError(f"cannot compare runs evaluated differently: families {sorted({f.name for f in families})}")
-  return factories.pop()()
+  return evaluators
 
 
 def evaluator_options(evaluator, **overrides):
@@ -42,5 +43,5 @@ def evaluator_options(evaluator, **overrides):
 
 def evaluate_run(run_dir, **overrides):
   """Load ``run_dir`` and run its family's evaluator (options as in ``evaluator_options``)."""
-  evaluator = evaluator_of([run_dir])
+  (evaluator,) = evaluators_of([run_dir])
   return evaluator.evaluate(load_run(run_dir), evaluator_options(evaluator, **overrides))

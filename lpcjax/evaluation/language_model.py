@@ -12,6 +12,7 @@ import numpy as np
 from lpcjax.data import (DataError, MQARDataConfig, TextDataConfig, TokenFileConfig, TokenWindowConfig,
                          load_gpt2_tokenizer, load_token_file, make_dataset, tokenize_files)
 from lpcjax.data.prepare import read_documents, tokenizer_hash
+from lpcjax.config import switch_class
 from lpcjax.files import write_json_atomic
 from lpcjax.training.runs import num_params
 
@@ -28,10 +29,10 @@ def _eval_data(config, eval_len, batch_size, data_files, data_tokens):
   """The data config for evaluation: the run's own eval data unless files/tokens are given."""
   data = config.data
   tokenizer_file = getattr(data, "tokenizer_file", None)
-  if data_files:
-    data = TextDataConfig(train_files=tuple(data_files), tokenizer_file=tokenizer_file)
+  if data_files:  # the run's own options (segment_ids, tokenizer) carry over
+    data = dataclasses.replace(switch_class(data, TextDataConfig), train_files=tuple(data_files), eval_files=())
   elif data_tokens:
-    data = TokenFileConfig(train_tokens=data_tokens, tokenizer_file=tokenizer_file)
+    data = dataclasses.replace(switch_class(data, TokenFileConfig), train_tokens=data_tokens, eval_tokens=None)
   fields = {"seq_len": eval_len, "batch_size": batch_size}
   if isinstance(data, TokenWindowConfig):  # long sequences, no stride: windowed models slide themselves
     fields["window_stride"] = None
@@ -149,7 +150,8 @@ class LanguageModelEvaluator:
 
   def report(self, result):
     """Lines for the terminal."""
-    by_length = ", ".join(f"L={k}: {v['loss']:.3f}" for k, v in result["by_context_length"].items())
+    by_length = ", ".join(f"L={k}: {v['loss']:.3f}" for k, v in result["by_context_length"].items()
+                          if v["loss"] is not None)
     word = f", word perplexity {result['word_perplexity']:.1f}" if result.get("word_perplexity") else ""
     lines = [f"{result['label']}: mean loss {result['mean_loss']:.4f}, perplexity {result['perplexity']:.2f}"
              f"{word} over {result['num_sequences']} sequences",

@@ -9,7 +9,6 @@ that every position sees text of the same difficulty on average.
 
 import dataclasses
 import math
-import warnings
 
 import jax
 import numpy as np
@@ -49,15 +48,15 @@ def sequence_logits(model, params, inputs, segment_ids=None):
 
 @dataclasses.dataclass
 class PerTokenTotals:
-  """What ``per_token_losses`` gathers, float64: loss sums, scored-token counts and argmax hits
-  per position [T]; each sequence's mean loss [N]; and each sequence's mean loss in bins of
-  ``bin_width`` positions [N, ceil(T / bin_width)] (NaN where a bin scores nothing)."""
+  """What ``per_token_losses`` gathers, float64: loss sums and scored-token counts per position
+  [T]; each sequence's mean loss [N]; and each sequence's loss sums and scored-token counts in
+  bins of ``bin_width`` positions [N, ceil(T / bin_width)]."""
 
   sums: np.ndarray
   counts: np.ndarray
-  hits: np.ndarray
   sequence_means: np.ndarray
-  bin_means: np.ndarray
+  bin_sums: np.ndarray
+  bin_counts: np.ndarray
   bin_width: int
 
 
@@ -71,47 +70,49 @@ def per_token_losses(model, params, batches, mesh, *, logits_fn=sequence_logits,
   @jax.jit
   def position_losses(params, batch):
     logits = logits_fn(model, params, batch["inputs"], batch.get("segment_ids"))
-    return masked_cross_entropy(logits, batch["targets"], scored_positions(batch))
+    return masked_cross_entropy(logits, batch["targets"], scored_positions(batch))[0]
 
   rng = None if roll_seed is None else np.random.default_rng(roll_seed)
-  totals, sequence_means, bin_means = None, [], []
+  totals, sequence_means, bin_sums, bin_counts = None, [], [], []
   for batch in tqdm(batches, desc="per-token loss", total=total, disable=not progress):
     if rng is not None:
       batch = roll_batch(batch, rng)
     placed = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
-    losses, hits = position_losses(params, placed)
-    losses, hits = np.asarray(losses, np.float64), np.asarray(hits, np.float64)
+    losses = np.asarray(position_losses(params, placed), np.float64)
     mask = np.asarray(scored_positions(batch), np.float64)
     if totals is None:
-      totals = [np.zeros(losses.shape[1]) for _ in range(3)]
-    for total_, value in zip(totals, (losses, mask, hits)):
+      totals = [np.zeros(losses.shape[1]) for _ in range(2)]
+    for total_, value in zip(totals, (losses, mask)):
       total_ += value.sum(0)
     real = mask.sum(1) > 0
     sequence_means.extend(losses.sum(1)[real] / mask.sum(1)[real])
-    bin_means.extend(_binned_means(losses[real], mask[real], bin_width))
+    bin_sums.extend(_binned(losses[real], bin_width))
+    bin_counts.extend(_binned(mask[real], bin_width))
   if totals is None:
     raise ValueError("per-token loss: the evaluation data gave no batch")
-  return PerTokenTotals(*totals, np.asarray(sequence_means), np.asarray(bin_means), bin_width)
+  return PerTokenTotals(*totals, np.asarray(sequence_means), np.asarray(bin_sums), np.asarray(bin_counts),
+                        bin_width)
 
 
-def _binned_means(losses, mask, width):
-  """[rows, ceil(T / width)]: each row's mean loss over the scored positions of each bin."""
-  pad = -losses.shape[1] % width
-  losses, mask = (np.pad(x, ((0, 0), (0, pad))).reshape(len(x), -1, width).sum(-1) for x in (losses, mask))
-  with np.errstate(invalid="ignore", divide="ignore"):
-    return losses / mask
+def _binned(values, width):
+  """[rows, T] -> [rows, ceil(T / width)]: sums over bins of ``width`` positions."""
+  pad = -values.shape[1] % width
+  return np.pad(values, ((0, 0), (0, pad))).reshape(len(values), -1, width).sum(-1)
 
 
 def confidence_band(totals):
-  """Per bin: the mean over sequences of their bin means, and its standard error (std / sqrt n,
-  n = sequences scored in the bin): how far the curve could move with other sequences."""
-  means = totals.bin_means
-  n = np.isfinite(means).sum(0)
-  with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-    warnings.simplefilter("ignore", RuntimeWarning)  # bins no sequence scores
-    mean = np.nanmean(means, axis=0)
-    stderr = np.nanstd(means, axis=0, ddof=1) / np.sqrt(n)
-  starts = np.arange(means.shape[1]) * totals.bin_width
+  """Per bin: the curve's value there (the loss over all scored tokens of the bin, a ratio
+  Σ sums / Σ counts over sequences) and its standard error across sequences (the ratio
+  estimator's: sqrt(Σ_s (sum_s - R count_s)² / (n (n - 1))) / mean count, over the n sequences
+  that score the bin): how far the curve could move with other sequences."""
+  sums, counts = totals.bin_sums, totals.bin_counts
+  scored = counts > 0
+  n = scored.sum(0)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    mean = sums.sum(0) / counts.sum(0)
+    residuals = np.where(scored, sums - mean * counts, 0.0)
+    stderr = np.sqrt((residuals ** 2).sum(0) / (n * (n - 1))) / (counts.sum(0) / n)
+  starts = np.arange(sums.shape[1]) * totals.bin_width
   ends = np.minimum(starts + totals.bin_width, len(totals.sums))
   finite = lambda xs: [float(x) if np.isfinite(x) else None for x in xs]
   return {"bin_width": totals.bin_width, "centers": ((starts + ends + 1) / 2).tolist(), "mean": finite(mean),
@@ -129,8 +130,9 @@ def summarize(sums, counts, num_sequences, tokens_per_word=None):
             "per_token_count": counts.tolist(),
             "by_context_length": {}}
   for length in context_lengths(eval_len):
-    mean = float(sums[:length].sum() / max(counts[:length].sum(), 1.0))
-    result["by_context_length"][str(length)] = {"loss": mean, "perplexity": math.exp(mean)}
+    scored = counts[:length].sum()
+    mean = float(sums[:length].sum() / scored) if scored else None  # None: nothing scored that early
+    result["by_context_length"][str(length)] = {"loss": mean, "perplexity": None if mean is None else math.exp(mean)}
   result["perplexity"] = math.exp(result["mean_loss"])
   if tokens_per_word is not None:
     result["tokens_per_word"] = tokens_per_word

@@ -1,5 +1,7 @@
 """PNG plots (matplotlib, no display needed)."""
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -8,7 +10,7 @@ import numpy as np  # noqa: E402
 
 
 def windowed_mean(curve, counts, window):
-  """(positions, means): the mean loss over the scored tokens of each window of ``window``
+  """(centres, means): the mean loss over the scored tokens of each window of ``window``
   positions (sum of losses / number of scored tokens), so a curve scored only at some positions
   (MQAR answers) still has a value wherever its window holds one; NaN where none does."""
   counts = np.asarray(counts, np.float64)
@@ -17,7 +19,7 @@ def windowed_mean(curve, counts, window):
   kernel = np.ones(window)
   with np.errstate(invalid="ignore", divide="ignore"):
     means = np.convolve(sums, kernel, mode="valid") / np.convolve(counts, kernel, mode="valid")
-  return np.arange(window, len(counts) + 1), means
+  return np.arange(window, len(counts) + 1) - (window - 1) / 2, means  # positions (1-based) at window centres
 
 
 def _finish(fig, ax, path, xlabel, ylabel):
@@ -39,7 +41,7 @@ def plot_per_token(runs, path, window=64, log_x=False):
     curve = [np.nan if x is None else x for x in result["per_token_loss"]]
     positions, smooth = windowed_mean(curve, result["per_token_count"], window)
     drawn |= bool(np.isfinite(smooth).any())
-    line, = ax.plot(positions - (window - 1) / 2, smooth, label=label, linewidth=1.4)  # at window centres
+    line, = ax.plot(positions, smooth, label=label, linewidth=1.4)
     band = result.get("band")
     if band:  # mean +- standard error over sequences, per bin
       centers, mean, stderr = (np.array([np.nan if x is None else x for x in band[k]], np.float64)
@@ -50,6 +52,8 @@ def plot_per_token(runs, path, window=64, log_x=False):
       ax.axvline(train_len, color=line.get_color(), linestyle=":", linewidth=1)
   if not drawn:
     plt.close(fig)
+    if os.path.exists(path):  # an earlier evaluation's plot would no longer describe this one
+      os.remove(path)
     return False
   if log_x:
     ax.set_xscale("log")
@@ -63,8 +67,9 @@ def plot_perplexity(runs, path):
   """Perplexity over the first L tokens against L, one line per run."""
   fig, ax = plt.subplots(figsize=(6, 4))
   for label, result, _ in runs:
-    lengths = sorted(int(k) for k in result["by_context_length"])
-    ax.plot(lengths, [result["by_context_length"][str(n)]["perplexity"] for n in lengths], "o-", label=label)
+    cells = result["by_context_length"]
+    lengths = sorted(int(k) for k, cell in cells.items() if cell["perplexity"] is not None)
+    ax.plot(lengths, [cells[str(n)]["perplexity"] for n in lengths], "o-", label=label)
   ax.set_xscale("log", base=2)
   _finish(fig, ax, path, "context length L", "perplexity over the first L tokens")
 

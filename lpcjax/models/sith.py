@@ -162,4 +162,6 @@ def _evaluator():
 
 
 # lm_loss scores the last m targets of each window, the positions the model predicts.
-register(Family("sith", SITHConfig, SITHLM, check=check_sith, evaluator=_evaluator))
+# Throughput counts the m predicted tokens of each window, not the H history tokens read with them.
+register(Family("sith", SITHConfig, SITHLM, check=check_sith, evaluator=_evaluator,
+                units_per_example=lambda config: config.model.chunk_len))

@@ -2,7 +2,8 @@
 imports orbax.
 
 Each save writes <run_dir>/checkpoints/<step>/ with two items: ``state`` (params, optimizer
-state, step, the model's mutable collections; sharded arrays written by every process) and ``data`` (the Grain iterator state).
+state, step, the model's mutable collections; sharded arrays written by every process) and ``data``
+(the Grain iterator state).
 Orbax writes into a temporary directory and renames it when complete, and refuses to write a
 step that exists, so a failed or interrupted run never replaces a good checkpoint.
 """
@@ -18,9 +19,16 @@ def checkpoint_dir(run_dir):
   return os.path.abspath(os.path.join(run_dir, "checkpoints"))
 
 
-def has_checkpoint(run_dir):
+def latest_checkpoint_step(run_dir):
+  """The highest complete checkpoint step in ``run_dir`` (Orbax renames a step's folder to its
+  number only when it is complete), or None."""
   path = checkpoint_dir(run_dir)
-  return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
+  steps = [int(name) for name in os.listdir(path) if name.isdigit()] if os.path.isdir(path) else []
+  return max(steps, default=None)
+
+
+def has_checkpoint(run_dir):
+  return latest_checkpoint_step(run_dir) is not None
 
 
 def _saved_fields(state):
@@ -63,5 +71,8 @@ class Checkpointer:
     return target.replace(**self.manager.restore(step, args=ocp.args.Composite(**items))["state"])
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Wait for pending saves and release the manager; closing twice is harmless."""
+    if self.manager is not None:
+      self.manager.wait_until_finished()
+      self.manager.close()
+      self.manager = None

@@ -27,7 +27,8 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.experimental import checkify
+import numpy as np
+from jax.experimental import checkify, multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
@@ -38,7 +39,7 @@ from lpcjax.data import make_dataset, make_iterator
 from lpcjax.files import write_json_atomic
 from lpcjax.sharding import check_divisible, make_mesh, rules_from_config
 
-from .checkpoint import Checkpointer, has_checkpoint
+from .checkpoint import Checkpointer, latest_checkpoint_step
 from .runs import RunError, check_same_structure, num_params, parse_run_spec, read_config, restore_state
 from .steps import create_train_state, eval_step, make_optimizer, state_shardings, step_rng, train_step
 
@@ -72,20 +73,14 @@ class NonfiniteGuard:
                           f"saving (latest checkpoint: step {latest})")
 
 
-def latest_checkpoint_step(run_dir):
-  """The highest complete checkpoint step in ``run_dir`` (Orbax renames a step's folder to its
-  number only when it is complete), or None."""
-  folder = os.path.join(run_dir, "checkpoints")
-  steps = [int(name) for name in os.listdir(folder) if name.isdigit()] if os.path.isdir(folder) else []
-  return max(steps, default=None)
-
-
 def open_run_directory(config, resume):
   """(run_dir, latest checkpoint step or None, whether this call created the folder), after
   checking what ``resume`` asks of it: False, a new run (a folder with checkpoints is an error);
   True, continue its latest checkpoint (none is an error); "or_start", continue or start."""
   if resume and not config.train.run_name:
     raise config_lib.ConfigError("train.run_name: --resume needs the name of the run to continue")
+  if jax.process_count() > 1 and not config.train.run_name:  # each process would time-stamp its own
+    raise config_lib.ConfigError("train.run_name: a run of several processes needs a name")
   name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
   run_dir = os.path.join(config.train.run_dir, name)
   latest = latest_checkpoint_step(run_dir)
@@ -134,6 +129,23 @@ def stop_requests():
       signal.signal(sig, old)
 
 
+def stop_agreed(stop):
+  """Whether any process was asked to stop. Every process must stop at the same step (saving a
+  checkpoint and leaving the loop are collective), so with several processes they agree on it
+  at every step; a single process reads its own flag."""
+  if jax.process_count() == 1:
+    return stop["stop"]
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(stop["stop"]))))
+
+
+def _step_of(line):
+  """The step of a metrics.jsonl row; a row cut short by a killed run counts as past any step."""
+  try:
+    return json.loads(line)["step"]
+  except (json.JSONDecodeError, KeyError):
+    return float("inf")
+
+
 class MetricsLog:
   """metrics.jsonl in the run directory, plus TensorBoard if asked for. A run starting at step
   ``start`` keeps only the rows up to it (a run killed after its last checkpoint logged steps
@@ -145,7 +157,7 @@ class MetricsLog:
     if not self.enabled:
       return
     path = os.path.join(run_dir, "metrics.jsonl")
-    kept = [line for line in open(path) if json.loads(line)["step"] <= start] if os.path.exists(path) else []
+    kept = [line for line in open(path) if _step_of(line) <= start] if os.path.exists(path) else []
     with open(f"{path}.tmp", "w") as f:
       f.writelines(kept)
     os.replace(f"{path}.tmp", path)
@@ -274,9 +286,9 @@ def train(config, resume=False, progress=True, devices=None):
 
   ``resume``: False (a new run), True (continue the run's latest checkpoint) or "or_start".
   Everything that can be checked (config, mesh, shardings, data, run directory) is checked
-  before anything is written; a run directory this call created and left without a checkpoint
-  is removed again. A stop request (SIGTERM/SIGINT) at any point ends the run after the current
-  step, with a checkpoint if a step was trained since the last one.
+  before anything is written; a run directory this call created is removed again if it fails or
+  is stopped before its first step. A stop request (SIGTERM/SIGINT, to any process) ends the run
+  after the current step, with a checkpoint of it.
   """
   family = models.get(config.model.family)
   model = family.build(config.model)
@@ -293,69 +305,82 @@ def train(config, resume=False, progress=True, devices=None):
       check_resumable(run_dir, config)
     if start == config.train.steps:
       return run_dir, {"step": start, "already_complete": True, "preempted": False}
+    loop = TrainingLoop(config, family, data, run_dir, stop, start or 0)
     try:
-      checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
-      state = initial_state(family, model, config, run_dir, start, data, checkpointer, abstract, shardings,
+      loop.checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
+      state = initial_state(family, model, config, run_dir, start, data, loop.checkpointer, abstract, shardings,
                             optimizer, mesh, rules)
       train_fn, eval_fn = compiled_steps(family, config, shardings)
       size, clock = num_params(state.params), time.perf_counter()
-      final, preempted = run_steps(config, family, state, start or 0, train_fn, eval_fn, data, checkpointer,
-                                   run_dir, progress, stop)
-      checkpointer.close()
+      final = loop.run(state, train_fn, eval_fn, progress)
     finally:
-      if created and jax.process_index() == 0 and not has_checkpoint(run_dir):
+      if loop.checkpointer is not None:
+        loop.checkpointer.close()
+      if created and not loop.trained and jax.process_index() == 0:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing trained: leave nothing behind
     summary = {**final, "num_params": size, "train_seconds": time.perf_counter() - clock,
-               "family": config.model.family, "name": config.name, "preempted": preempted,
+               "family": config.model.family, "name": config.name, "preempted": loop.preempted,
                "mesh": dict(mesh.shape)}
   if jax.process_index() == 0 and os.path.isdir(run_dir):
     write_json_atomic(os.path.join(run_dir, "summary.json"), summary)
   return run_dir, summary
 
 
-def run_steps(config, family, state, start, train_fn, eval_fn, data, checkpointer, run_dir, progress, stop):
+class TrainingLoop:
   """The step loop from ``start`` to ``train.steps``: log, evaluate, checkpoint, stop on request
-  (``stop["stop"]``, checked before and after every step). Returns (final record, preempted)."""
-  total, cfg = config.train.steps, config.train
-  units_per_step = config.data.batch_size * family.units_per_example(config)
-  rate_key = f"{family.throughput_unit}_per_sec"
-  saved_step, preempted = start, False
+  (checked before and after every step). ``trained``: whether a step ran; ``preempted``: whether
+  a stop request ended it before ``train.steps``."""
 
-  def stop_for_nonfinite():  # returns the latest checkpoint step, which stays the latest
-    checkpointer.close()
-    return saved_step
+  def __init__(self, config, family, data, run_dir, stop, start):
+    self.config, self.family, self.data, self.run_dir, self.stop, self.start = config, family, data, run_dir, stop, start
+    self.checkpointer, self.saved_step, self.trained, self.preempted = None, start, False, False
 
-  guard = NonfiniteGuard(cfg.max_nonfinite_steps, stop_for_nonfinite)
-  bar = tqdm(range(start, total), initial=start, total=total, desc=config.name,
-             disable=not (progress and jax.process_index() == 0), dynamic_ncols=True)
-  clock = time.perf_counter()
-  log = MetricsLog(run_dir, cfg.tensorboard, start)
-  with contextlib.closing(log):
-    for step in bar:
-      if stop["stop"]:  # asked to stop before this step (e.g. while the state was built)
-        preempted = True
-        break
-      state, metrics = train_fn(state, data.place(next(data.train)))
-      done = step + 1
-      guard.push(done, metrics["finite"][0])
-      if done % cfg.log_every == 0 or done == total:
-        record = {"step": done, **metric_means(metrics),
-                  rate_key: (done - start) * units_per_step / (time.perf_counter() - clock)}
-        log.write(record)
-        bar.set_postfix({"loss": f"{record['loss']:.3f}", rate_key: f"{record[rate_key]:.0f}"})
-      if cfg.eval_every and done % cfg.eval_every == 0 and done < total:
-        log.write({"step": done, **data.evaluate(state, eval_fn)})
-      if stop["stop"] or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
-        checkpointer.save(done, state, data.train)
-        saved_step = done
-      if stop["stop"]:
-        preempted = True
-        break
-    guard.flush()
-    final = {"step": saved_step if preempted else total}
-    if not preempted:
-      final.update(data.evaluate(state, eval_fn))
+  def _stop_for_nonfinite(self):  # returns the latest checkpoint step, which stays the latest
+    self.checkpointer.close()
+    return self.saved_step
+
+  def _save(self, step, state):
+    self.checkpointer.save(step, state, self.data.train)
+    self.saved_step = step
+
+  def run(self, state, train_fn, eval_fn, progress):
+    """Returns the final record: the step reached, and the final evaluation unless preempted."""
+    cfg, data, start, total = self.config.train, self.data, self.start, self.config.train.steps
+    units_per_step = self.config.data.batch_size * self.family.units_per_example(self.config)
+    rate_key = f"{self.family.throughput_unit}_per_sec"
+    guard = NonfiniteGuard(cfg.max_nonfinite_steps, self._stop_for_nonfinite)
+    bar = tqdm(range(start, total), initial=start, total=total, desc=self.config.name,
+               disable=not (progress and jax.process_index() == 0), dynamic_ncols=True)
+    clock = time.perf_counter()
+    log = MetricsLog(self.run_dir, cfg.tensorboard, start)
+    with contextlib.closing(log):
+      for step in bar:
+        if stop_agreed(self.stop):  # asked to stop before this step (e.g. while the state was built)
+          self.preempted = True
+          break
+        state, metrics = train_fn(state, data.place(next(data.train)))
+        self.trained, done = True, step + 1
+        guard.push(done, metrics["finite"][0])
+        if done % cfg.log_every == 0 or done == total:
+          record = {"step": done, **metric_means(metrics),
+                    rate_key: (done - start) * units_per_step / (time.perf_counter() - clock)}
+          log.write(record)
+          bar.set_postfix({"loss": f"{record['loss']:.3f}", rate_key: f"{record[rate_key]:.0f}"})
+        if done == total:
+          break
+        if cfg.eval_every and done % cfg.eval_every == 0:
+          log.write({"step": done, **data.evaluate(state, eval_fn)})
+        stopping = stop_agreed(self.stop)
+        if stopping or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+          self._save(done, state)
+        if stopping:
+          self.preempted = True
+          break
+      guard.flush()
+      if self.preempted:
+        return {"step": self.saved_step}
+      if self.saved_step != total:  # the last checkpoint first: a failing evaluation loses nothing
+        self._save(total, state)
+      final = {"step": total, **data.evaluate(state, eval_fn)}
       log.write(final)
-      if saved_step != total:
-        checkpointer.save(total, state, data.train)
-  return final, preempted
+    return final

@@ -65,11 +65,6 @@ def _split_variables(family, variables):
   return variables["params"], {name: variables[name] for name in family.mutable if name in variables}
 
 
-def init_params(family, model, data_config, seed):
-  """Unboxed float params (logical axis names stripped; see nn.get_partition_spec for them)."""
-  return _split_variables(family, init_variables(family, model, data_config, seed))[0]
-
-
 def _create(family, model, config, optimizer):
   params, mutable = _split_variables(family, init_variables(family, model, config.data, config.train.seed))
   return TrainState.create(apply_fn=model.apply, params=params, tx=optimizer, mutable=mutable)
@@ -102,9 +97,12 @@ def _global_norm(tree):
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
+TRAINING_STREAM = 2**31 - 1  # keeps training keys apart from the init keys folded from the seed
+
+
 def step_rng(seed, step):
   """The training key of ``step``: a function of (seed, step) only, so resume stays bitwise."""
-  return jax.random.fold_in(jax.random.PRNGKey(seed), step)
+  return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), TRAINING_STREAM), step)
 
 
 def micro_batches(batch, accum_steps):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lpcjax import models
-from lpcjax.data import DataError, MQARSource, load_gpt2_tokenizer
+from lpcjax.data import DataError, load_gpt2_tokenizer
 from lpcjax.evaluation import (LanguageModelEvaluator, RunError, context_lengths, evaluate_run, evaluator_options,
                                load_run,
                                needle_example, needle_grid, per_token_losses, recall_by_distance, score_answers,
@@ -44,7 +44,7 @@ def test_per_token_curve_equals_direct_computation():
   batches[1]["valid"] = np.array([1.0, 0.0], np.float32)  # a padding row: counted nowhere
   totals = per_token_losses(model, params, batches, mesh, progress=False, bin_width=5)
   result = summarize(totals.sums, totals.counts, len(totals.sequence_means))
-  direct_sum, direct_count, direct_bins = np.zeros(12), np.zeros(12), []
+  direct_sum, direct_count, bin_sums, bin_counts = np.zeros(12), np.zeros(12), [], []
   for batch in batches:
     for row in range(2):
       if batch.get("valid", np.ones(2))[row] == 0:
@@ -54,16 +54,21 @@ def test_per_token_curve_equals_direct_computation():
       loss = (log_z - logits[np.arange(12), batch["targets"][row]]) * batch["loss_mask"][row]
       direct_sum += loss
       direct_count += batch["loss_mask"][row]
-      direct_bins.append([loss[a:a + 5].sum() / batch["loss_mask"][row][a:a + 5].sum() for a in (0, 5, 10)])
+      bin_sums.append([loss[a:a + 5].sum() for a in (0, 5, 10)])
+      bin_counts.append([batch["loss_mask"][row][a:a + 5].sum() for a in (0, 5, 10)])
   np.testing.assert_allclose(result["per_token_loss"], direct_sum / direct_count, atol=1e-5)
   assert result["mean_loss"] == pytest.approx(direct_sum.sum() / direct_count.sum(), abs=1e-6)
   assert result["num_sequences"] == 5 and result["per_token_count"] == direct_count.tolist()
-  np.testing.assert_allclose(totals.bin_means, direct_bins, atol=1e-5)  # bins of 5, 5 and 2 positions
+  bin_sums, bin_counts = np.array(bin_sums), np.array(bin_counts)  # bins of 5, 5 and 2 positions
+  np.testing.assert_allclose(totals.bin_sums, bin_sums, atol=1e-5)
+  np.testing.assert_array_equal(totals.bin_counts, bin_counts)
   band = confidence_band(totals)
-  direct_bins = np.array(direct_bins)
-  np.testing.assert_allclose(band["mean"], direct_bins.mean(0), atol=1e-5)
-  np.testing.assert_allclose(band["stderr"], direct_bins.std(0, ddof=1) / np.sqrt(5), atol=1e-5)
-  assert band["centers"] == [3.0, 8.0, 11.5] and band["sequences"] == [5, 5, 5]
+  ratio = bin_sums.sum(0) / bin_counts.sum(0)  # the curve's own value over each bin
+  np.testing.assert_allclose(band["mean"], ratio, atol=1e-6)
+  n = (bin_counts > 0).sum(0)
+  spread = np.sqrt(((bin_sums - ratio * bin_counts) ** 2).sum(0) / (n * (n - 1))) / bin_counts.mean(0)
+  np.testing.assert_allclose(band["stderr"], spread, atol=1e-6)
+  assert band["centers"] == [3.0, 8.0, 11.5] and band["sequences"] == n.tolist()
   assert context_lengths(12) == [2, 4, 8, 12] and context_lengths(3000) == [512, 1024, 2048, 3000]
   assert context_lengths(256) == [32, 64, 128, 256] and context_lengths(8192)[:2] == [512, 1024]
 
@@ -204,12 +209,11 @@ def test_sparse_curves_plot_where_they_have_loss(tmp_path):
   from lpcjax.evaluation.plots import plot_per_token, windowed_mean
   curve, counts = [None] * 64, [0] * 64
   curve[10], counts[10], curve[40], counts[40] = 2.0, 3, 1.0, 1
-  positions, means = windowed_mean(curve, counts, 16)
-  assert positions[0] == 16 and len(means) == 49
-  by_end = dict(zip(positions, means))  # window ending at position p: indices p - 16 .. p - 1
-  assert by_end[16] == 2.0 and by_end[41] == 1.0 and np.isnan(by_end[30])
-  positions, means = windowed_mean(curve, counts, 32)
-  assert dict(zip(positions, means))[41] == pytest.approx((3 * 2.0 + 1.0) / 4)  # both, by their counts
+  positions, means = windowed_mean(curve, counts, 16)  # means[k]: the window of indices k .. k + 15
+  assert positions[0] == 8.5 and len(means) == 49  # 1-based positions 1..16, centred at 8.5
+  assert means[0] == 2.0 and means[25] == 1.0 and np.isnan(means[14])
+  _, means = windowed_mean(curve, counts, 32)
+  assert means[9] == pytest.approx((3 * 2.0 + 1.0) / 4)  # both scored positions, by their counts
   assert plot_per_token([("mqar", {"per_token_loss": curve, "per_token_count": counts}, 32)],
                         str(tmp_path / "sparse.png"), window=16)
   assert (tmp_path / "sparse.png").stat().st_size > 1000

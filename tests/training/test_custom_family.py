@@ -5,16 +5,13 @@ train.py and eval.py, with no edit to the harness."""
 import importlib.util
 import json
 import os
-import signal
-import threading
-import time
 
 import jax
 import numpy as np
 import pytest
 
 import toy_family
-from conftest import REPO
+from conftest import REPO, sigterm_after_rows
 from lpcjax import config as C
 from lpcjax.evaluation import load_run
 
@@ -47,17 +44,12 @@ def test_toy_family_trains_resumes_bitwise_and_evaluates(experiment_file, tmp_pa
   train, evaluate = cli("train"), cli("eval")
   runs = tmp_path / "runs"
   assert train(["--config", experiment_file, "train.run_name=straight"]) == 0
-  # Preempted (SIGTERM) after a few steps, then resumed: flags and overrides in any order.
-  metrics = runs / "split" / "metrics.jsonl"
-
-  def preempt_after_first_steps():
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-      time.sleep(0.02)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-  threading.Thread(target=preempt_after_first_steps, daemon=True).start()
-  assert train(["--config", experiment_file, "train.run_name=split"]) == 0
-  assert json.load(open(runs / "split" / "summary.json"))["preempted"]
+  # Preempted (SIGTERM) after 3 steps, then resumed: flags and overrides in any order.
+  with pytest.MonkeyPatch.context() as patch:
+    sigterm_after_rows(patch, rows=3)
+    assert train(["--config", experiment_file, "train.run_name=split"]) == 0
+  summary = json.load(open(runs / "split" / "summary.json"))
+  assert summary["preempted"] and summary["step"] == 3
   assert train(["--config", experiment_file, "train.run_name=split", "--resume", "train.log_every=1"]) == 0
 
   straight, split = records(runs / "straight"), records(runs / "split")

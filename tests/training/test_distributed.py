@@ -5,11 +5,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 
 import flax.linen as nn
 import jax
@@ -23,7 +20,7 @@ from lpcjax import models
 from lpcjax.sharding import make_mesh, rules_from_config
 from lpcjax.training import Checkpointer, create_train_state, make_optimizer, state_shardings, train, train_step
 
-from conftest import REPO, tiny_experiment, write_token_file
+from conftest import REPO, sigterm_after_rows, tiny_experiment, write_token_file
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS)")
 MESH_2X2X2 = ("train.mesh_data=2", "train.mesh_fsdp=2", "train.mesh_tensor=2")
@@ -72,16 +69,10 @@ def test_resume_is_exact_and_survives_sigterm(tmp_path):
   straight_dir, _ = train(tiny_experiment(tmp_path, *common, name="straight"), progress=False, devices=devices)
 
   cfg = tiny_experiment(tmp_path, *common, name="stopped")
-  metrics = os.path.join(tmp_path, "stopped", "metrics.jsonl")
-
-  def preempt_after_first_steps():
-    while not (os.path.exists(metrics) and len(open(metrics).readlines()) >= 3):
-      time.sleep(0.02)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-  threading.Thread(target=preempt_after_first_steps, daemon=True).start()
-  stopped_dir, summary = train(cfg, progress=False, devices=devices)
-  assert summary["preempted"] and 3 <= summary["step"] < 24
+  with pytest.MonkeyPatch.context() as patch:
+    sigterm_after_rows(patch, rows=3)
+    stopped_dir, summary = train(cfg, progress=False, devices=devices)
+  assert summary["preempted"] and summary["step"] == 3
   _, summary = train(cfg, resume=True, progress=False, devices=devices)
   assert not summary["preempted"]
   assert losses_of(stopped_dir) == losses_of(straight_dir)  # bitwise, step for step

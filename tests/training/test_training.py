@@ -44,8 +44,10 @@ def test_weight_decay_only_on_matrices(tmp_path):
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
   # Micro-batch k holds rows k, k + 4 (see steps.micro_batches); its masks score 3, 14, 24 and 64
   # positions, so averaging the micro-batches' mean losses would weigh positions unequally.
+  import optax
   cfg = tiny_experiment(tmp_path)
-  state = create_train_state(models.get("fox"), models.get("fox").build(cfg.model), cfg)
+  # Plain SGD with rate 1: the step moves each parameter by exactly minus its gradient.
+  state = create_train_state(models.get("fox"), models.get("fox").build(cfg.model), cfg, optimizer=optax.sgd(1.0))
   rng = np.random.default_rng(0)
   mask = np.zeros((8, 32), np.float32)
   for row, count in zip((0, 4, 1, 5, 2, 6, 3, 7), (1, 2, 7, 7, 12, 12, 32, 32)):
@@ -57,8 +59,11 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
   assert float(m4["loss"][1]) == float(m1["loss"][1]) == mask.sum()
   np.testing.assert_allclose(m4["loss"][0], m1["loss"][0], rtol=1e-6)
   np.testing.assert_allclose(m4["grad_norm"][0], m1["grad_norm"][0], rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  moved = 0
+  for a, b, before in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params), jax.tree.leaves(state.params)):
+    np.testing.assert_allclose(np.asarray(b) - before, np.asarray(a) - before, rtol=1e-4, atol=1e-8)
+    moved += int(np.any(np.asarray(a) != np.asarray(before)))
+  assert moved == len(jax.tree.leaves(state.params))  # every parameter took a step
 
 
 def test_debug_checks_catch_bad_values_inside_training(tmp_path):

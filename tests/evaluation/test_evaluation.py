@@ -239,3 +239,12 @@ def test_eval_reads_every_sequence_by_default(tmp_path, shared_data):
   assert result["num_sequences"] == 10 and len(result["per_sequence_loss"]) == 10
   assert result["num_tokens"] == 10 * 64 and result["per_token_count"] == [10.0] * 64
   assert result["band"]["sequences"] == [10]
+
+
+def test_needle_plot_of_one_length_keeps_its_title(tmp_path):
+  import matplotlib.image
+  from lpcjax.evaluation.plots import plot_needle
+  title = "Needle in a haystack: fox (llama, RoPE, 7.3M)"
+  plot_needle(np.ones((11, 1)), [1024], [i / 10 for i in range(11)], str(tmp_path / "needle.png"), title=title)
+  height, width, _ = matplotlib.image.imread(str(tmp_path / "needle.png")).shape
+  assert width >= 5.5 * 120  # wide enough for the title, however few the lengths

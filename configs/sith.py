@@ -3,8 +3,9 @@
   sith:k100_L53        a grid point of the paper: k in {100, 150, 200}, L in {5, 9, ..., 53}, m = 256,
                        GPT-2 small, windows of M + m tokens with stride m (M = tau*_max)
   sith:delta_L53       the delta-pulse control with L filters
-  sith:tiny_L21        a CPU-sized model (2 layers, d = 128, m = 64) with L = 21 (M = 32)
-  sith:tiny_delta_L21  its control
+  sith:tiny_L37        a CPU-sized model (2 layers, d = 128, m = 64) with L = 37 (M = 512): the README
+                       example (train.steps=3000); any L works, e.g. tiny_L21 (M = 32)
+  sith:tiny_delta_L37  its control
 
 Data is not set: add data.train_tokens=PREFIX (python -m lpcjax.data) or data.kind=text
 data.train_files=... . The filter spacing is c = 2^(1/4) - 1, the value behind the paper's table

@@ -28,9 +28,15 @@ def check_vocab(config):
           f"{config.model.vocab_size} is smaller than the {config.data.kind} data's {data_vocab} tokens")
 
 
-def _language_model_evaluator():
-  from lpcjax.evaluation.language_model import LanguageModelEvaluator  # local: evaluation imports models
-  return LanguageModelEvaluator()
+def language_model_evaluator(sequence_logits=None):
+  """The evaluator factory of a language-model family; ``sequence_logits`` replaces the plain
+  forward pass for models that read fixed windows (see LanguageModelEvaluator)."""
+  def make():
+    from lpcjax.evaluation import language_model  # local: evaluation imports models
+    if sequence_logits is None:
+      return language_model.LanguageModelEvaluator()
+    return language_model.LanguageModelEvaluator(sequence_logits=sequence_logits)
+  return make
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +69,7 @@ class Family:
   rng_streams: tuple = ()
   throughput_unit: str = "tokens"
   units_per_example: Callable = lambda config: config.data.seq_len
-  evaluator: Callable[[], Any] = _language_model_evaluator
+  evaluator: Callable[[], Any] = language_model_evaluator()
 
   def build(self, config):
     if not isinstance(config, self.config_cls):

@@ -22,7 +22,7 @@ from lpcjax.config import require, require_choice
 from lpcjax.layers.common import DTYPES, TokenEmbed, dtype_of, normal_init
 from lpcjax.layers.sith import TABLE_C, SITHCompressor, sith_peaks
 
-from .registry import Family, check_vocab, register
+from .registry import Family, check_vocab, language_model_evaluator, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,12 +156,8 @@ def check_sith(config):
           f"the sith model reads windows of {config.model.window_len} tokens (H + m), got {config.data.seq_len}")
 
 
-def _evaluator():
-  from lpcjax.evaluation.language_model import LanguageModelEvaluator  # local: evaluation imports models
-  return LanguageModelEvaluator(sequence_logits=windowed_logits)
-
-
 # lm_loss scores the last m targets of each window, the positions the model predicts.
 # Throughput counts the m predicted tokens of each window, not the H history tokens read with them.
-register(Family("sith", SITHConfig, SITHLM, check=check_sith, evaluator=_evaluator,
+register(Family("sith", SITHConfig, SITHLM, check=check_sith,
+                evaluator=language_model_evaluator(windowed_logits),
                 units_per_example=lambda config: config.model.chunk_len))

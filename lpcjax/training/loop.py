@@ -328,7 +328,7 @@ def train(config, resume=False, progress=True, devices=None):
 
 class TrainingLoop:
   """The step loop from ``start`` to ``train.steps``: log, evaluate, checkpoint, stop on request
-  (checked before and after every step). ``trained``: whether a step ran; ``preempted``: whether
+  (checked before the first step and after every step). ``trained``: whether a step ran; ``preempted``: whether
   a stop request ended it before ``train.steps``."""
 
   def __init__(self, config, family, data, run_dir, stop, start):
@@ -354,9 +354,11 @@ class TrainingLoop:
     clock = time.perf_counter()
     log = MetricsLog(self.run_dir, cfg.tensorboard, start)
     with contextlib.closing(log):
+      # Asked to stop before the first step (e.g. while the state was built)? After that the flag
+      # is read once per step, after the step (one cross-process all-gather per step).
+      self.preempted = stop_agreed(self.stop)
       for step in bar:
-        if stop_agreed(self.stop):  # asked to stop before this step (e.g. while the state was built)
-          self.preempted = True
+        if self.preempted:
           break
         state, metrics = train_fn(state, data.place(next(data.train)))
         self.trained, done = True, step + 1

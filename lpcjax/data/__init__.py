@@ -1,10 +1,11 @@
-"""Data: registered data kinds (``data.kind``: MQAR, text files, prepared token files, and any
-a family adds) and the Grain pipelines over them.
+"""Data: registered data kinds (``data.kind``: MQAR, text files, prepared token files,
+time-series classification files, and any a family adds) and the Grain pipelines over them.
 
 ``make_dataset(data_config, seed, split)`` gives this process's batches as a grain.MapDataset;
 ``make_iterator`` turns it into a checkpointable, prefetching iterator. A batch is a dict of
 numpy arrays with a leading [local_batch] axis; the language-model kinds give {inputs, targets,
-loss_mask[, segment_ids]} of [local_batch, seq_len], evaluation batches add ``valid``.
+loss_mask[, segment_ids]} of [local_batch, seq_len], ``series`` gives {x [local_batch, seq_len,
+channels] (NaN where missing), label [local_batch]}; evaluation batches add ``valid``.
 """
 
 from .errors import DataError
@@ -12,11 +13,14 @@ from .mqar import MQARDataConfig, MQARSource, mqar_example
 from .pipeline import PaddedEvalSource, make_dataset, make_iterator, make_source
 from .prepare import load_token_file, prepare
 from .registry import DataKind, get, names, register
+from .series import SeriesDataConfig, SeriesSource, read_series
+from .subsets import stratified_subset
 from .text import tokenize_files
 from .tokenizer import TokenizerError, load_gpt2_tokenizer
 from .windows import TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource
 
-__all__ = ["DataError", "DataKind", "MQARDataConfig", "MQARSource", "PaddedEvalSource", "TextDataConfig",
-           "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource", "TokenizerError", "get",
-           "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator", "make_source",
-           "mqar_example", "names", "prepare", "register", "tokenize_files"]
+__all__ = ["DataError", "DataKind", "MQARDataConfig", "MQARSource", "PaddedEvalSource", "SeriesDataConfig",
+           "SeriesSource", "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource",
+           "TokenizerError", "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator",
+           "make_source", "mqar_example", "names", "prepare", "read_series", "register", "stratified_subset",
+           "tokenize_files"]

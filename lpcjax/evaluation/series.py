@@ -1,0 +1,116 @@
+"""The evaluator of time-series encoders (``pmt``): frozen features, then the paper's probes.
+
+* Linear probes (pmt-spec.md §11): features of the training split (``--features``: [CLS] by
+  default) fit a linear SVM (or logistic regression) on 1 %, 5 % and 100 % of the labels
+  (stratified, over ``--seeds`` seeds), scored on the evaluation split: accuracy and macro-F1.
+* Cue retention (§11): a Hann burst of 0.5 σ over 20 % of the series on channel 0, ending a gap
+  ratio before the end, in a seeded half of the series of each split; a logistic regression on
+  the standardized features of the final window only (the last block's memory of the last
+  window, mean over slots; the baseline's mean of that window's tokens): ROC-AUC, top-1 and
+  macro-F1 per gap, over seeds.
+
+``--random-init`` evaluates the run's architecture with fresh weights (the "randomly
+initialized" row). Results: ``series_probes.json`` and two plots (probe accuracy, AUC against
+gap) in the output folder.
+"""
+
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from lpcjax import data
+from lpcjax.files import write_json_atomic
+from lpcjax.training.steps import init_variables
+
+from . import series_probes
+
+
+def _floats(text):
+  return tuple(float(part) for part in text.split(",") if part)
+
+
+class SeriesEvaluator:
+  def add_arguments(self, parser):
+    parser.add_argument("--probes", default="linear,cue", help="which probes: linear, cue (comma-separated)")
+    parser.add_argument("--features", default="cls", choices=("cls", "memory", "tokens"),
+                        help="linear-probe features: [CLS], the mean of the final memories, or the mean token")
+    parser.add_argument("--fractions", type=_floats, default=(0.01, 0.05, 1.0), help="label fractions")
+    parser.add_argument("--seeds", type=int, default=5, help="label subsets (and cue placements) per setting")
+    parser.add_argument("--classifier", default="svm", choices=("svm", "logistic"))
+    parser.add_argument("--gaps", type=_floats, default=(0.0, 0.2, 0.4, 0.6), help="cue gap ratios")
+    parser.add_argument("--random-init", action="store_true", help="fresh weights instead of the checkpoint's")
+    parser.add_argument("--feature-batch", type=int, default=64, help="series per forward pass")
+
+  def evaluate(self, run, options):
+    config = run.config
+    splits = {split: data.make_source(config.data, config.train.seed, split) for split in ("train", "eval")}
+    variables = run.variables
+    if options.random_init:
+      variables = nn.meta.unbox(init_variables(run.family, run.model, config.data, config.train.seed))
+      variables = {"params": variables["params"], **{k: variables[k] for k in run.family.mutable}}
+    encode = jax.jit(lambda v, x: run.model.apply(v, x))
+    label = config.name + (" (random init)" if options.random_init else "")
+    result = {"run": run.run_dir, "label": label, "step": 0 if options.random_init else run.step,
+              "train_series": len(splits["train"]), "eval_series": len(splits["eval"])}
+
+    def features(x):
+      out = [jax.device_get(encode(variables, x[i:i + options.feature_batch]))
+             for i in range(0, len(x), options.feature_batch)]
+      return {name: np.concatenate([o[name] for o in out]) for name in ("cls", "tokens", "token_valid", "memories")}
+
+    probes = set(options.probes.split(","))
+    if "linear" in probes:
+      train, test = features(splits["train"].x), features(splits["eval"].x)
+      result["linear"] = series_probes.linear_probe(
+          linear_features(train, options.features), splits["train"].labels,
+          linear_features(test, options.features), splits["eval"].labels,
+          fractions=options.fractions, seeds=tuple(range(options.seeds)), classifier=options.classifier)
+      result["linear"]["features"] = options.features
+    if "cue" in probes:
+      result["cue"] = {}
+      for gap in options.gaps:
+        scores = []
+        for seed in range(options.seeds):
+          x_train, y_train = series_probes.cue_dataset(splits["train"].x, gap, seed)
+          x_test, y_test = series_probes.cue_dataset(splits["eval"].x, gap, 10_000 + seed)
+          scores.append(series_probes.cue_probe(final_window(features(x_train)), y_train,
+                                                final_window(features(x_test)), y_test))
+        result["cue"][str(gap)] = {name: float(np.mean([s[name] for s in scores])) for name in scores[0]}
+        result["cue"][str(gap)]["auc_std"] = float(np.std([s["auc"] for s in scores]))
+    return result
+
+  def write(self, results, out_dir, options):
+    write_json_atomic(os.path.join(out_dir, "series_probes.json"), results)
+    series_probes.plot_probe_accuracy({r["label"]: r["linear"] for r in results if "linear" in r},
+                                      os.path.join(out_dir, "probe_accuracy.png"))
+    curves = {r["label"]: {float(g): (c["auc"], c["auc_std"]) for g, c in r["cue"].items()}
+              for r in results if "cue" in r}
+    series_probes.plot_cue_auc(curves, os.path.join(out_dir, "cue_auc.png"))
+
+  def report(self, result):
+    lines = [f"{result['label']} (step {result['step']}): {result['train_series']} training / "
+             f"{result['eval_series']} evaluation series"]
+    for fraction, cell in result.get("linear", {}).get("fractions", {}).items():
+      lines.append(f"  linear probe, {float(fraction):.0%} labels ({cell['labels']:.0f}): accuracy "
+                   f"{cell['accuracy']:.3f} ± {cell['accuracy_std']:.3f}, macro-F1 {cell['macro_f1']:.3f}")
+    for gap, cell in result.get("cue", {}).items():
+      lines.append(f"  cue at gap {float(gap):.2f}: AUC {cell['auc']:.3f} ± {cell['auc_std']:.3f}, "
+                   f"top-1 {cell['top1']:.3f}, macro-F1 {cell['macro_f1']:.3f}")
+    return lines
+
+
+def linear_features(outputs, kind):
+  """[N, d] features for the linear probes."""
+  if kind == "cls":
+    return outputs["cls"]
+  if kind == "memory":
+    return outputs["memories"].mean(axis=(1, 2))
+  valid = outputs["token_valid"][..., None]
+  return (outputs["tokens"] * valid).sum(1) / np.maximum(valid.sum(1), 1)
+
+
+def final_window(outputs):
+  """[N, d]: the last window's memory (mean over slots), the cue probe's features."""
+  return outputs["memories"][:, -1].mean(axis=1)

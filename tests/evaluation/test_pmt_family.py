@@ -1,0 +1,70 @@
+"""PMT end to end through the commands users run: train.py pre-trains on a .npz file (with
+missing values), eval.py writes the linear-probe and cue-retention results and plots, for the
+checkpoint and for a random init; a series too short for a patch is a one-line error."""
+
+import importlib.util
+import json
+
+import numpy as np
+
+from conftest import REPO
+
+TINY = ["model.d_model=16", "model.num_heads=2", "model.num_blocks=1", "model.tokenizer_kernels=8",
+        "model.projection_dim=16", "model.patch_size=4", "model.patch_stride=2", "model.neighbourhood=4",
+        "data.batch_size=8", "train.steps=3", "train.log_every=1", "train.warmup_steps=1"]
+
+
+def cli(name):
+  spec = importlib.util.spec_from_file_location(f"{name}_cli", REPO / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.main
+
+
+def write_npz(path, count, seed):
+  """Two classes of noisy sines (frequency 1 or 3) on two channels; a few missing samples."""
+  rng = np.random.default_rng(seed)
+  y = np.arange(count) % 2
+  t = np.linspace(0, 1, 48)
+  x = np.sin(2 * np.pi * (1 + 2 * y[:, None, None]) * t[None, :, None] + rng.uniform(0, 6, (count, 1, 2)))
+  x = (x + 0.1 * rng.normal(size=x.shape)).astype(np.float32)
+  x[0, 30:] = np.nan
+  np.savez(path, x=x, y=y)
+  return str(path)
+
+
+def test_pretrain_then_probe(tmp_path, capsys):
+  train_file, eval_file = write_npz(tmp_path / "train.npz", 20, 0), write_npz(tmp_path / "test.npz", 12, 1)
+  overrides = TINY + [f"data.train_file={train_file}", f"data.eval_file={eval_file}",
+                      f"train.run_dir={tmp_path / 'runs'}", "train.run_name=pmt"]
+  assert cli("train")(["--config", "pmt:tiny", *overrides]) == 0
+  records = [json.loads(line) for line in open(tmp_path / "runs" / "pmt" / "metrics.jsonl")]
+  assert all(np.isfinite(r["loss"]) and {"icl", "hgcl", "pcl", "series_per_sec"} <= set(r) for r in records
+             if "loss" in r)
+  assert records[-1]["eval_examples"] == 12
+
+  evaluate = cli("eval")
+  options = ["--seeds", "2", "--gaps", "0.0,0.4", "--fractions", "0.25,1.0"]
+  out = tmp_path / "probes"
+  assert evaluate(["--run", str(tmp_path / "runs" / "pmt"), "--out", str(out), *options]) == 0
+  (result,) = json.load(open(out / "series_probes.json"))
+  assert set(result["linear"]["fractions"]) == {"0.25", "1.0"}
+  assert result["linear"]["fractions"]["0.25"]["labels"] == 4  # round(25 % of 10) = 2 per class
+  assert set(result["cue"]) == {"0.0", "0.4"} and all(0 <= c["auc"] <= 1 for c in result["cue"].values())
+  assert (out / "probe_accuracy.png").stat().st_size > 0 and (out / "cue_auc.png").stat().st_size > 0
+  assert "linear probe, 25% labels" in capsys.readouterr().out
+
+  random_out = tmp_path / "random"
+  assert evaluate(["--run", str(tmp_path / "runs" / "pmt"), "--out", str(random_out), "--random-init",
+                   "--probes", "linear", *options]) == 0
+  (random,) = json.load(open(random_out / "series_probes.json"))
+  assert random["step"] == 0 and "random init" in random["label"] and "cue" not in random
+
+
+def test_series_shorter_than_a_patch_is_a_one_line_error(tmp_path, capsys):
+  train_file = write_npz(tmp_path / "train.npz", 8, 0)
+  code = cli("train")(["--config", "pmt:tiny", *TINY, f"data.train_file={train_file}", "model.patch_size=64",
+                       f"train.run_dir={tmp_path / 'runs'}"])
+  err = capsys.readouterr().err.strip()
+  assert code != 0 and "shorter than one patch" in err and len(err.splitlines()) == 1
+  assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

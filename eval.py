@@ -31,6 +31,7 @@ def main(argv=None):
   from lpcjax.config import ConfigError
   from lpcjax.data import DataError
   from lpcjax.evaluation import RunError, evaluators_of, load_run
+  from lpcjax.generation import GenerationError
 
   run_dirs = [known.run] if known.run else known.compare
   try:
@@ -41,7 +42,7 @@ def main(argv=None):
     results = [evaluator.evaluate(load_run(run), args) for evaluator, run in zip(evaluators, run_dirs)]
     out = args.out or os.path.join(run_dirs[0], "eval")
     evaluators[0].write(results, out, args)
-  except (RunError, DataError, ConfigError) as error:
+  except (RunError, DataError, ConfigError, GenerationError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
   for evaluator, result in zip(evaluators, results):

@@ -14,9 +14,10 @@ from lpcjax.data import (DataError, MQARDataConfig, TextDataConfig, TokenFileCon
 from lpcjax.data.prepare import read_documents, tokenizer_hash
 from lpcjax.config import switch_class
 from lpcjax.files import write_json_atomic
+from lpcjax.generation import generate
 from lpcjax.training.runs import num_params
 
-from .needle import needle_grid
+from .needle import needle_grid, score_generated
 from .per_token import confidence_band, per_token_losses, sequence_logits, summarize
 from .plots import plot_needle, plot_per_token, plot_perplexity, plot_recall
 from .recall import recall_by_distance
@@ -86,6 +87,8 @@ class LanguageModelEvaluator:
     parser.add_argument("--no-roll", action="store_true", help="do not roll sequences randomly")
     parser.add_argument("--needle", action="store_true", help="run the needle-in-a-haystack grid")
     parser.add_argument("--needle-lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--needle-mode", choices=("teacher", "generate", "both"), default="teacher",
+                        help="score the answer teacher-forced, by greedy cached decoding, or both")
     parser.add_argument("--haystack", nargs="+", default=None, help="haystack text files (default: --data)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rolls and the needle keys")
     parser.add_argument("--window", type=int, default=64,
@@ -129,8 +132,14 @@ class LanguageModelEvaluator:
         tokenizer = load_gpt2_tokenizer(getattr(data_config, "tokenizer_file", None))
         hay, _ = tokenize_files(files, tokenizer)
         lengths = options.needle_lengths or [n for n in (1024 * 2**k for k in range(10)) if n <= eval_len] or [eval_len]
-        grid = needle_grid(predict_fn, hay, tokenizer, lengths, NEEDLE_DEPTHS, seed=seed)
-        result["needle"] = {"lengths": list(lengths), "depths": list(NEEDLE_DEPTHS), "accuracy": grid.tolist()}
+        modes = ("teacher", "generate") if options.needle_mode == "both" else (options.needle_mode,)
+        for mode in modes:
+          score = None if mode == "teacher" else lambda examples: score_generated(
+              lambda prompts, n: generate(run.family, run.model, {"params": run.params}, prompts,
+                                          max_new_tokens=n).tokens, examples)
+          grid = needle_grid(predict_fn, hay, tokenizer, lengths, NEEDLE_DEPTHS, seed=seed, score=score)
+          key = "needle" if mode == "teacher" else "needle_generated"
+          result[key] = {"lengths": list(lengths), "depths": list(NEEDLE_DEPTHS), "accuracy": grid.tolist()}
     return result
 
   def write(self, results, out_dir, options):
@@ -143,10 +152,11 @@ class LanguageModelEvaluator:
     if all("recall_by_distance" in r for r in results):
       plot_recall(runs, os.path.join(out_dir, "recall_by_distance.png"))
     for r in results:
-      if "needle" in r:
-        suffix = "" if len(results) == 1 else "_" + os.path.basename(r["run"].rstrip("/"))
-        plot_needle(np.array(r["needle"]["accuracy"]), r["needle"]["lengths"], r["needle"]["depths"],
-                    os.path.join(out_dir, f"needle{suffix}.png"), title=f"Needle in a haystack: {r['label']}")
+      for key, how in (("needle", "teacher-forced"), ("needle_generated", "generated")):
+        if key in r:
+          suffix = "" if len(results) == 1 else "_" + os.path.basename(r["run"].rstrip("/"))
+          plot_needle(np.array(r[key]["accuracy"]), r[key]["lengths"], r[key]["depths"],
+                      os.path.join(out_dir, f"{key}{suffix}.png"), title=f"Needle in a haystack ({how}): {r['label']}")
 
   def report(self, result):
     """Lines for the terminal."""

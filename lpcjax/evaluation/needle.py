@@ -2,8 +2,12 @@
 
 A needle sentence "One of the special magic numbers for {key} is: {value}." is inserted at a
 depth (fraction of the haystack) into a haystack of real text; the sequence ends with the
-question and then the value. The model passes when its teacher-forced argmax reproduces every
-token of the value (the same test as greedy decoding of the value, without a decode cache).
+question and then the value. Two ways to score, both exact match of every token of the value:
+teacher-forced (the argmax at each answer position given the true previous tokens: one parallel
+pass) and generated (greedy cached decoding of the answer after the question,
+``lpcjax.generation``). For an exact match of the whole answer the two agree (greedy decoding
+reproduces the answer exactly when every teacher-forced argmax does); the generated mode runs
+the decoding path end to end, as a user of the model would.
 """
 
 import numpy as np
@@ -46,8 +50,21 @@ def score_answers(predict_fn, examples):
   return float(np.mean(correct))
 
 
-def needle_grid(predict_fn, haystack, tokenizer, lengths, depths, trials=3, seed=0):
-  """Accuracy [len(depths), len(lengths)]: each cell averages ``trials`` key/value pairs."""
+def score_generated(generate_fn, examples):
+  """Fraction of examples whose greedily generated answer equals the value's tokens.
+
+  generate_fn(prompts, max_new_tokens) -> generated token lists; the prompt is everything
+  before the answer."""
+  answers = [seq[answer_start:] for seq, _, answer_start in examples]
+  generated = generate_fn([seq[:answer_start].tolist() for seq, _, answer_start in examples],
+                          max(len(a) for a in answers))
+  return float(np.mean([list(g[:len(a)]) == a.tolist() for g, a in zip(generated, answers)]))
+
+
+def needle_grid(predict_fn, haystack, tokenizer, lengths, depths, trials=3, seed=0, score=None):
+  """Accuracy [len(depths), len(lengths)]: each cell averages ``trials`` key/value pairs.
+  ``score(examples)`` defaults to the teacher-forced ``score_answers(predict_fn, examples)``."""
+  score = score or (lambda examples: score_answers(predict_fn, examples))
   rng = np.random.default_rng(seed)
   grid = np.zeros((len(depths), len(lengths)))
   for j, length in enumerate(lengths):
@@ -59,5 +76,5 @@ def needle_grid(predict_fn, haystack, tokenizer, lengths, depths, trials=3, seed
         examples.append(needle_example(haystack, tokenizer, length, depth, key, value))
         cells.append(i)
     for i in range(len(depths)):  # one batch per (length, depth): one compiled shape per length
-      grid[i, j] = score_answers(predict_fn, [e for e, c in zip(examples, cells) if c == i])
+      grid[i, j] = score([e for e, c in zip(examples, cells) if c == i])
   return grid

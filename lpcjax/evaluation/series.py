@@ -3,11 +3,14 @@
 * Linear probes (pmt-spec.md §11): features of the training split (``--features``: [CLS] by
   default) fit a linear SVM (or logistic regression) on 1 %, 5 % and 100 % of the labels
   (stratified, over ``--seeds`` seeds), scored on the evaluation split: accuracy and macro-F1.
-* Cue retention (§11): a Hann burst of 0.5 σ over 20 % of the series on channel 0, ending a gap
-  ratio before the end, in a seeded half of the series of each split; a logistic regression on
-  the standardized features of the final window only (the last block's memory of the last
-  window, mean over slots; the baseline's mean of that window's tokens): ROC-AUC, top-1 and
-  macro-F1 per gap, over seeds.
+* Cue retention (§11): a Hann burst of 0.5 σ over 20 % of the series on channel 0, in a seeded
+  half of the series of each split, ending g windows (g × S tokens × S_p samples) before the
+  first sample of the final window, so that the cue is upstream of the final window and only
+  memory can carry it (gaps where the cue does not fit in the series are skipped); a logistic
+  regression on the standardized features of the final window only (the last block's memory of
+  the last window, mean over slots; the baseline's mean of that window's tokens): ROC-AUC, top-1
+  and macro-F1 per gap, over seeds. The paper ran this probe with non-overlapping windows
+  (``model.window_stride`` = W) and counts the gap in windows as here.
 
 ``--random-init`` evaluates the run's architecture with fresh weights (the "randomly
 initialized" row). Results: ``series_probes.json`` and two plots (probe accuracy, AUC against
@@ -39,7 +42,8 @@ class SeriesEvaluator:
     parser.add_argument("--fractions", type=_floats, default=(0.01, 0.05, 1.0), help="label fractions")
     parser.add_argument("--seeds", type=int, default=5, help="label subsets (and cue placements) per setting")
     parser.add_argument("--classifier", default="svm", choices=("svm", "logistic"))
-    parser.add_argument("--gaps", type=_floats, default=(0.0, 0.2, 0.4, 0.6), help="cue gap ratios")
+    parser.add_argument("--gaps", type=_floats, default=(0, 1, 2, 4),
+                        help="cue gaps: windows between the cue's end and the final window's start")
     parser.add_argument("--random-init", action="store_true", help="fresh weights instead of the checkpoint's")
     parser.add_argument("--feature-batch", type=int, default=64, help="series per forward pass")
 
@@ -69,16 +73,20 @@ class SeriesEvaluator:
           fractions=options.fractions, seeds=tuple(range(options.seeds)), classifier=options.classifier)
       result["linear"]["features"] = options.features
     if "cue" in probes:
-      result["cue"] = {}
+      result["cue"], length = {}, splits["train"].x.shape[1]
       for gap in options.gaps:
+        gap_ratio = cue_gap_ratio(config.model, length, gap)
+        if gap_ratio is None:
+          continue
         scores = []
         for seed in range(options.seeds):
-          x_train, y_train = series_probes.cue_dataset(splits["train"].x, gap, seed)
-          x_test, y_test = series_probes.cue_dataset(splits["eval"].x, gap, 10_000 + seed)
+          x_train, y_train = series_probes.cue_dataset(splits["train"].x, gap_ratio, seed)
+          x_test, y_test = series_probes.cue_dataset(splits["eval"].x, gap_ratio, 10_000 + seed)
           scores.append(series_probes.cue_probe(final_window(features(x_train)), y_train,
                                                 final_window(features(x_test)), y_test))
         result["cue"][str(gap)] = {name: float(np.mean([s[name] for s in scores])) for name in scores[0]}
         result["cue"][str(gap)]["auc_std"] = float(np.std([s["auc"] for s in scores]))
+        result["cue"][str(gap)]["gap_ratio"] = gap_ratio
     return result
 
   def write(self, results, out_dir, options):
@@ -96,9 +104,21 @@ class SeriesEvaluator:
       lines.append(f"  linear probe, {float(fraction):.0%} labels ({cell['labels']:.0f}): accuracy "
                    f"{cell['accuracy']:.3f} ± {cell['accuracy_std']:.3f}, macro-F1 {cell['macro_f1']:.3f}")
     for gap, cell in result.get("cue", {}).items():
-      lines.append(f"  cue at gap {float(gap):.2f}: AUC {cell['auc']:.3f} ± {cell['auc_std']:.3f}, "
+      lines.append(f"  cue {float(gap):g} windows before the final one: AUC {cell['auc']:.3f} ± {cell['auc_std']:.3f}, "
                    f"top-1 {cell['top1']:.3f}, macro-F1 {cell['macro_f1']:.3f}")
     return lines
+
+
+def cue_gap_ratio(model_config, length, gap_windows, width=0.2):
+  """The cue's distance from the series end, as a fraction of the series (what
+  ``series_probes.cue_dataset`` takes), for a cue ending ``gap_windows`` windows before the
+  first sample of the final window; None when the cue would not fit."""
+  window, stride, n = model_config.geometry(model_config.num_tokens(length))
+  step = stride * model_config.patch_stride  # samples per window step
+  end = int(round((n - 1 - gap_windows) * step))
+  if end - max(3, int(round(width * length))) < 0:
+    return None
+  return (length - end) / length
 
 
 def linear_features(outputs, kind):
@@ -112,5 +132,6 @@ def linear_features(outputs, kind):
 
 
 def final_window(outputs):
-  """[N, d]: the last window's memory (mean over slots), the cue probe's features."""
+  """[N, d]: the last window's memory (mean over slots), the cue probe's features. (For a series
+  whose final window is all missing samples, that memory only carries earlier windows.)"""
   return outputs["memories"][:, -1].mean(axis=1)

@@ -4,9 +4,10 @@ from .attention import ForgettingAttention, KVShift
 from .common import RMSNorm
 from .forget_gate import ForgetGate, geometric_timescales, timescale_bias
 from .mlp import SwiGLU, swiglu_hidden_size
+from .pma import EncoderLayer, OverlapAggregator, PMABlock, PMAConfig, PMAStack
 from .rope import apply_rope, segment_positions
 from .sith import SITHCompressor, sith_filters, sith_peaks
 
-__all__ = ["ForgettingAttention", "KVShift", "RMSNorm", "ForgetGate", "geometric_timescales",
-           "timescale_bias", "SwiGLU", "swiglu_hidden_size", "apply_rope", "segment_positions",
-           "SITHCompressor", "sith_filters", "sith_peaks"]
+__all__ = ["EncoderLayer", "ForgettingAttention", "KVShift", "OverlapAggregator", "PMABlock", "PMAConfig", "PMAStack",
+           "RMSNorm", "ForgetGate", "geometric_timescales", "timescale_bias", "SwiGLU", "swiglu_hidden_size",
+           "apply_rope", "segment_positions", "SITHCompressor", "sith_filters", "sith_peaks"]

@@ -33,13 +33,16 @@ class KVShift(nn.Module):
   config: object
 
   @nn.compact
-  def __call__(self, x, candidate, segment_ids=None):
+  def __call__(self, x, candidate, segment_ids=None, previous=None):
+    """``previous`` [batch, heads, head_dim]: the candidate before ``candidate``'s first token
+    (cached decoding); None: zeros before the sequence and at every segment start."""
     cfg = self.config
     alpha = nn.Dense(cfg.num_heads, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
                      kernel_init=normal_init(cfg.init_std, ("embed", "heads")), name="gate")(
                          x.astype(jnp.float32))
     alpha = jax.nn.sigmoid(alpha)[..., None]  # [batch, seq, heads, 1]
-    previous = jnp.pad(candidate, [(0, 0), (1, 0), (0, 0), (0, 0)])[:, :-1]
+    first = jnp.zeros_like(candidate[:, :1]) if previous is None else previous[:, None].astype(candidate.dtype)
+    previous = jnp.concatenate([first, candidate[:, :-1]], axis=1)
     if segment_ids is not None:  # nothing shifts across a document boundary
       previous = jnp.where(segment_starts(segment_ids)[:, :, None, None], 0, previous)
     shifted = alpha * previous.astype(jnp.float32) + (1 - alpha) * candidate.astype(jnp.float32)
@@ -58,7 +61,11 @@ class ForgettingAttention(nn.Module):
   config: object
 
   @nn.compact
-  def __call__(self, x, segment_ids=None):
+  def __call__(self, x, segment_ids=None, cache=None, context=None):
+    """Without ``cache``: the parallel pass, x [batch, seq, d] -> [batch, seq, d]. With one
+    (cached decoding, see ``lpcjax.generation``): returns (output, updated cache); x is either
+    the whole right-padded prompt (the cache is empty: the parallel kernel runs and fills it) or
+    one new token per row, at position ``context["lengths"]``, attending over the cache."""
     cfg = self.config
     heads, head_dim = cfg.num_heads, cfg.resolved_head_dim
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
@@ -73,14 +80,19 @@ class ForgettingAttention(nn.Module):
       return RMSNorm(eps=eps, dtype=dtype, param_dtype=param_dtype, scale_axes=axes,
                      scale_shape=shape, name=name)
 
+    decoding = cache is not None and x.shape[1] == 1
     q, k, v = project("q_proj"), project("k_proj"), project("v_proj")
+    candidates = (k, v)  # KV-shift state: the unshifted projections
     if cfg.use_kv_shift:
-      k = KVShift(cfg, name="k_shift")(x, k, segment_ids)
-      v = KVShift(cfg, name="v_shift")(x, v, segment_ids)
+      k = KVShift(cfg, name="k_shift")(x, k, segment_ids, cache["k_prev"] if decoding else None)
+      v = KVShift(cfg, name="v_shift")(x, v, segment_ids, cache["v_prev"] if decoding else None)
     if cfg.use_qk_norm:
       q, k = head_norm("q_norm", 1e-5)(q), head_norm("k_norm", 1e-5)(k)
     if cfg.use_rope:
-      positions = segment_positions(segment_ids, x.shape[1])
+      if decoding:
+        positions = (context["lengths"] - context["rope_start"])[:, None]
+      else:
+        positions = segment_positions(segment_ids, x.shape[1])
       q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
     q, k, v = (nn.with_logical_constraint(t, HEADS) for t in (q, k, v))
 
@@ -88,20 +100,103 @@ class ForgettingAttention(nn.Module):
       log_fgate = jnp.zeros(x.shape[:2] + (heads,), jnp.float32)
     else:
       log_fgate = ForgetGate(cfg, name="forget_gate")(x)
-    options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks,
-                   prune_epsilon=getattr(cfg, "prune_epsilon", None))  # FoX configs only
-    # checkify (debug_checks) cannot transform shard_map: debug runs leave attention to GSPMD.
-    placement = None if cfg.debug_checks else attention_mesh_axes(x.shape[0], heads)
-    if placement is None:
-      o = forgetting_attention(q, k, v, log_fgate, **options)
-    else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard
-      mesh, batch_axes, head_axes = placement
-      o = sharded_forgetting_attention(q, k, v, log_fgate, mesh=mesh, batch_axes=batch_axes,
-                                       head_axes=head_axes, **options)
+    if decoding:
+      o, cache = cached_attention(q, k, v, log_fgate, cache, context)
+    else:
+      options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks,
+                     prune_epsilon=getattr(cfg, "prune_epsilon", None))  # FoX configs only
+      # checkify (debug_checks) cannot transform shard_map: debug runs leave attention to GSPMD.
+      placement = None if cfg.debug_checks else attention_mesh_axes(x.shape[0], heads)
+      if placement is None:
+        o = forgetting_attention(q, k, v, log_fgate, **options)
+      else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard
+        mesh, batch_axes, head_axes = placement
+        o = sharded_forgetting_attention(q, k, v, log_fgate, mesh=mesh, batch_axes=batch_axes,
+                                         head_axes=head_axes, **options)
+      if cache is not None:
+        cache = prefilled_cache(cache, k, v, log_fgate, context)
+    if cache is not None and cfg.use_kv_shift:
+      cache = {**cache, **last_candidates(candidates, context["lengths"], decoding)}
 
     if cfg.use_output_norm:
       o = head_norm("o_norm", 1e-6)(o)
     if cfg.use_output_gate:
       o = o * jax.nn.sigmoid(project("g_proj").astype(jnp.float32)).astype(o.dtype)
-    return Projection((cfg.d_model,), ("heads", "head_dim", "embed"), in_ndim=2, init_std=cfg.init_std,
-                      dtype=dtype, param_dtype=param_dtype, name="o_proj")(o)
+    out = Projection((cfg.d_model,), ("heads", "head_dim", "embed"), in_ndim=2, init_std=cfg.init_std,
+                     dtype=dtype, param_dtype=param_dtype, name="o_proj")(o)
+    return out if cache is None else (out, cache)
+
+
+# ----------------------------------------------------------------------------- cached decoding
+# A layer's cache: k, v [batch, max_len, heads, head_dim] (after KV-shift, QK-norm and RoPE), with
+# a forget gate c [batch, max_len, heads] float32 = cumsum of log f over the row (c_i - c_j is
+# the decay between two positions of one segment; without a gate it is 0 and not stored), and
+# with KV-shift the last unshifted k, v [batch, heads, head_dim]. The model's ``context`` gives each row's ``lengths`` (prefill: the prompt length;
+# decoding: the new token's position), ``rope_start`` and ``segments`` [batch, max_len].
+
+CACHE_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
+
+
+def init_layer_cache(cfg, batch, max_len):
+  """An empty cache for one attention layer (zeros), in the compute dtype."""
+  heads, head_dim, dtype = cfg.num_heads, cfg.resolved_head_dim, dtype_of(cfg.dtype)
+  cache = {"k": jnp.zeros((batch, max_len, heads, head_dim), dtype),
+           "v": jnp.zeros((batch, max_len, heads, head_dim), dtype)}
+  if cfg.forget_gate != "none":
+    cache["c"] = jnp.zeros((batch, max_len, heads), jnp.float32)
+  if cfg.use_kv_shift:
+    cache.update(k_prev=jnp.zeros((batch, heads, head_dim), dtype), v_prev=jnp.zeros((batch, heads, head_dim), dtype))
+  return cache
+
+
+def _constrained(cache):
+  return {**cache, "k": nn.with_logical_constraint(cache["k"], CACHE_AXES),
+          "v": nn.with_logical_constraint(cache["v"], CACHE_AXES)}
+
+
+def prefilled_cache(cache, k, v, log_fgate, context):
+  """The empty cache with the prompt's k, v and c at positions [0, prompt_len)."""
+  length = k.shape[1]
+  cache = {**cache, "k": cache["k"].at[:, :length].set(k.astype(cache["k"].dtype)),
+           "v": cache["v"].at[:, :length].set(v.astype(cache["v"].dtype))}
+  if "c" in cache:
+    cache["c"] = cache["c"].at[:, :length].set(jnp.cumsum(log_fgate, axis=1))
+  return _constrained(cache)
+
+
+def last_candidates(candidates, lengths, decoding):
+  """KV-shift state after this call: the unshifted k, v of each row's last token."""
+  k, v = candidates
+  if decoding:
+    return {"k_prev": k[:, 0], "v_prev": v[:, 0]}
+  index = (lengths - 1)[:, None, None, None]
+  return {"k_prev": jnp.take_along_axis(k, index, axis=1)[:, 0], "v_prev": jnp.take_along_axis(v, index, axis=1)[:, 0]}
+
+
+def cached_attention(q, k, v, log_fgate, cache, context):
+  """One new token per row (q, k, v [batch, 1, heads, head_dim]) at position p = lengths: write
+  it into the cache, then attend over positions j <= p of its segment with logits
+  q.k_j / sqrt(D) + c_p - c_j, in float32. Returns (o [batch, 1, heads, head_dim], cache)."""
+  position = context["lengths"]
+  batch, max_len, heads = cache["k"].shape[:3]
+  here = (jnp.arange(max_len)[None, :] == position[:, None])  # [batch, max_len]
+  cache = {**cache, "k": jnp.where(here[..., None, None], k.astype(cache["k"].dtype), cache["k"]),
+           "v": jnp.where(here[..., None, None], v.astype(cache["v"].dtype), cache["v"])}
+  if "c" in cache:
+    previous_c = jnp.take_along_axis(cache["c"], jnp.maximum(position - 1, 0)[:, None, None], axis=1)
+    c_new = previous_c + log_fgate  # [batch, 1, heads]
+    cache["c"] = jnp.where(here[..., None], c_new, cache["c"])
+    decay = c_new[:, 0, :, None] - jnp.swapaxes(cache["c"], 1, 2)  # [batch, heads, max_len]
+  else:
+    decay = jnp.zeros((batch, heads, max_len), jnp.float32)
+  cache = _constrained(cache)
+  segments = context["segments"]
+  current = jnp.take_along_axis(segments, position[:, None], axis=1)
+  visible = (jnp.arange(max_len)[None, :] <= position[:, None]) & (segments == current)  # [batch, max_len]
+  scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
+  logits = jnp.einsum("bhd,bjhd->bhj", q[:, 0].astype(jnp.float32), cache["k"].astype(jnp.float32)) * scale
+  logits = logits + decay
+  logits = jnp.where(visible[:, None, :], logits, -jnp.inf)
+  weights = jax.nn.softmax(logits, axis=-1)
+  o = jnp.einsum("bhj,bjhd->bhd", weights, cache["v"].astype(jnp.float32))
+  return o[:, None].astype(q.dtype), cache

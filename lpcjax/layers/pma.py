@@ -26,9 +26,16 @@ outputs in the gate every window would wait for the full layer of the one before
 Each position lies in up to O = ⌈W/S⌉ windows. The overlap aggregator (§5) merges its copies:
 single-query attention (query = the masked mean of the copies) over the copies with a learned
 head × copy bias, scaled by 1/√(number of copies), RMS-normalized, times γ; fused with the
-masked-mean skip through the SkipGate: s + σ(θ_s) ã. Copy o of a position comes from the o-th
+masked-mean skip through the SkipGate: s + σ(θ_s) ã. The block adds fused − x_in to its residual
+stream, so the SkipGate gates the aggregator's term (the paper's wording) while the mean of the
+copies enters ungated (the later code gated the whole window update instead). The 1/√count
+scaling before the RMSNorm changes nothing but the norm's ε; it is kept as the paper states it. Copy o of a position comes from the o-th
 latest window containing it (o = 0: the window in which it has the least context). Tokens after
 the last window (when S does not divide K − W) are in no window: their PMA update is zero.
+
+The encoder is not causal: the memories are written bidirectionally within a window and a
+token reads the carrier of the window before, which saw up to W − S − 1 tokens after it; the
+history bound holds for the memories (window w's memory reads no token after window w's end).
 
 Two execution modes compute the same function (tests check 1e-5):
 * vectorized: all windows gathered at once ([batch, N, W, d], the overlaps materialized);
@@ -146,8 +153,8 @@ class OverlapAggregator(nn.Module):
 
 def num_windows(num_tokens, window, stride):
   """N = ⌊(K − W)/S⌋ + 1 windows of W tokens at stride S (the valid, non-padded ones)."""
-  if not 1 <= window <= num_tokens or stride < 1:
-    raise ValueError(f"PMA windows: need 1 <= window <= tokens and stride >= 1, got window={window}, "
+  if not 1 <= window <= num_tokens or not 1 <= stride <= window:
+    raise ValueError(f"PMA windows: need 1 <= stride <= window <= tokens, got window={window}, "
                      f"stride={stride}, tokens={num_tokens}")
   return (num_tokens - window) // stride + 1
 

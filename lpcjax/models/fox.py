@@ -6,7 +6,7 @@ from typing import Optional
 from lpcjax.config import require, require_choice
 from lpcjax.layers.forget_gate import GATE_VARIANTS
 
-from .decoder import DecoderLM
+from .decoder import DecoderLM, init_cache
 from .registry import Family, register
 from .transformer import TransformerConfig
 
@@ -37,4 +37,4 @@ class FoXConfig(TransformerConfig):
             f"need 0 < gate_t_min <= gate_t_max, got ({self.gate_t_min}, {self.gate_t_max})")
 
 
-register(Family("fox", FoXConfig, DecoderLM))
+register(Family("fox", FoXConfig, DecoderLM, init_cache=init_cache))

@@ -219,6 +219,7 @@ class PMT(nn.Module):
   @nn.compact
   def __call__(self, x, train=False):
     cfg = self.config
+    cfg.num_tokens(x.shape[1])  # a one-line error for series shorter than a patch
     tokens, valid, cls = PatchTokenizer(cfg.tokenizer_kernels, cfg.patch_size, cfg.patch_stride, cfg.d_model,
                                         cfg.dropout, name="tokenizer")(x, train)
     k = tokens.shape[1]

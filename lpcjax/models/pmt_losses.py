@@ -117,19 +117,24 @@ def hgcl_window_level(t_a, t_b, token_valid, example_valid, geometry, sigma, tem
   return weighted_mean(soft_positive_nll(s_pos, soft, s_neg, neg_valid, temperature), valid)
 
 
-def sample_other(rng, batch, shape):
-  """Indices of sequences other than the row's own: (i + r) mod batch, r uniform in [1, batch)."""
-  own = jnp.arange(batch).reshape((batch,) + (1,) * (len(shape) - 1))
-  return (own + jax.random.randint(rng, shape, 1, max(batch, 2))) % batch
+def sample_other(rng, example_valid, shape):
+  """Indices [batch, ...] of valid sequences other than the row's own, uniform (evaluation
+  padding is never drawn; a row with no valid other sequence draws masked ones)."""
+  batch = example_valid.shape[0]
+  others = ~np.eye(batch, dtype=bool) if batch > 1 else np.ones((1, 1), bool)
+  allowed = example_valid[None, :] & others
+  allowed = jnp.where(allowed.any(-1, keepdims=True), allowed, others)
+  logits = jnp.where(allowed, 0.0, -jnp.inf)  # [batch, batch]
+  draws = jax.random.categorical(rng, logits[:, None, :], axis=-1, shape=(batch, int(np.prod(shape[1:]))))
+  return draws.reshape(shape)
 
 
 def hgcl_loss(t1, t2, token_valid, example_valid, geometry, config, rng):
-  """½ (token level + window level), each averaged over both directions: (sum, count) pairs
-  of the two levels, as {"token": ..., "window": ...}, over anchors."""
+  """½ (token level + window level), each the mean over its anchors of both directions."""
   batch, k, _ = t1.shape
   shape = (batch, geometry[2], config.hgcl_negatives)
   seq_rng, pos_rng = jax.random.split(rng)
-  negatives = (sample_other(seq_rng, batch, shape), jax.random.randint(pos_rng, shape, 0, k))
+  negatives = (sample_other(seq_rng, example_valid, shape), jax.random.randint(pos_rng, shape, 0, k))
   t1, t2 = normalize(t1), normalize(t2)
   levels = {}
   for name, level in (("token", lambda a, b: hgcl_token_level(a, b, token_valid, example_valid, geometry,
@@ -163,7 +168,7 @@ def pcl_loss(z1, z2, state_valid, example_valid, config, rng):
   batch, n, slots, _ = z1.shape
   shape = (batch, config.pcl_negatives)
   seq_rng, window_rng, slot_rng = jax.random.split(rng, 3)
-  negatives = (sample_other(seq_rng, batch, shape), jax.random.randint(window_rng, shape, 0, n),
+  negatives = (sample_other(seq_rng, example_valid, shape), jax.random.randint(window_rng, shape, 0, n),
                jax.random.randint(slot_rng, shape, 0, slots))
   (sum_12, count), (sum_21, _) = (pcl_direction(z1, z2, state_valid, example_valid, config.pcl_temperature, negatives),
                                   pcl_direction(z2, z1, state_valid, example_valid, config.pcl_temperature, negatives))

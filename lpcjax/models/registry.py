@@ -5,7 +5,7 @@ so that train.py and eval.py never branch on the family. See the README, "Adding
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax.numpy as jnp
 
@@ -56,6 +56,9 @@ class Family:
   * ``rng_streams``: the rng names the model draws from at init (e.g. ``("dropout",)``).
   * ``throughput_unit`` and ``units_per_example(config)``: what the progress bar counts.
   * ``evaluator()``: a factory of the object eval.py runs (``lpcjax.evaluation.Evaluator``).
+  * ``init_cache(config, batch, max_len)``: for families that decode token by token
+    (``lpcjax.generation``), an empty cache that ``module.apply(params, tokens, segment_ids,
+    cache)`` prefills and then extends one token at a time; None: no cached decoding.
   """
 
   name: str
@@ -70,6 +73,7 @@ class Family:
   throughput_unit: str = "tokens"
   units_per_example: Callable = lambda config: config.data.seq_len
   evaluator: Callable[[], Any] = language_model_evaluator()
+  init_cache: Optional[Callable] = None
 
   def build(self, config):
     if not isinstance(config, self.config_cls):

@@ -7,7 +7,7 @@ from lpcjax.config import require, require_choice
 from lpcjax.layers.common import DTYPES
 from lpcjax.layers.mlp import swiglu_hidden_size
 
-from .decoder import REMAT_POLICIES, DecoderLM
+from .decoder import REMAT_POLICIES, DecoderLM, init_cache
 from .registry import Family, register
 
 
@@ -94,4 +94,4 @@ class TransformerConfig:
     return swiglu_hidden_size(self.d_model, ratio, self.mlp_multiple_of)
 
 
-register(Family("transformer", TransformerConfig, DecoderLM))
+register(Family("transformer", TransformerConfig, DecoderLM, init_cache=init_cache))

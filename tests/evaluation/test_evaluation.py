@@ -13,6 +13,7 @@ from lpcjax.data import DataError, load_gpt2_tokenizer
 from lpcjax.evaluation import (LanguageModelEvaluator, RunError, context_lengths, evaluate_run, evaluator_options,
                                load_run,
                                needle_example, needle_grid, per_token_losses, recall_by_distance, score_answers,
+                               score_generated,
                                summarize)
 from lpcjax.evaluation.per_token import confidence_band, roll_batch
 from lpcjax.sharding import make_mesh
@@ -167,6 +168,12 @@ def test_needle_placement_and_scoring(shared_data):
   assert score_answers(wrong, [(tokens, position, answer_start)]) == 0.0
   grid = needle_grid(oracle, haystack, tokenizer, [256, 512], [0.0, 0.5, 1.0], trials=2)
   assert grid.shape == (3, 2) and grid.min() == 1.0
+
+  def knows_the_answer(prompts, max_new_tokens):  # generated mode: prompts stop before the answer
+    assert [len(p) for p in prompts] == [answer_start] and max_new_tokens == 512 - answer_start
+    return [tokens[answer_start:].tolist() + [0]]
+  assert score_generated(knows_the_answer, [(tokens, position, answer_start)]) == 1.0
+  assert score_generated(lambda prompts, n: [[0] * n], [(tokens, position, answer_start)]) == 0.0
 
 
 def test_windowed_models_get_a_curve_over_the_whole_sequence(tmp_path):

@@ -39,18 +39,22 @@ def test_pretrain_then_probe(tmp_path, capsys):
                       f"train.run_dir={tmp_path / 'runs'}", "train.run_name=pmt"]
   assert cli("train")(["--config", "pmt:tiny", *overrides]) == 0
   records = [json.loads(line) for line in open(tmp_path / "runs" / "pmt" / "metrics.jsonl")]
-  assert all(np.isfinite(r["loss"]) and {"icl", "hgcl", "pcl", "series_per_sec"} <= set(r) for r in records
-             if "loss" in r)
+  trained = [r for r in records if "loss" in r]
+  assert len(trained) == 3 and all(np.isfinite(r["loss"]) and {"icl", "hgcl", "pcl", "series_per_sec"} <= set(r)
+                                   for r in trained)
   assert records[-1]["eval_examples"] == 12
 
   evaluate = cli("eval")
-  options = ["--seeds", "2", "--gaps", "0.0,0.4", "--fractions", "0.25,1.0"]
+  options = ["--seeds", "2", "--gaps", "0,2,50", "--fractions", "0.25,1.0"]  # 50 windows: does not fit
   out = tmp_path / "probes"
   assert evaluate(["--run", str(tmp_path / "runs" / "pmt"), "--out", str(out), *options]) == 0
   (result,) = json.load(open(out / "series_probes.json"))
   assert set(result["linear"]["fractions"]) == {"0.25", "1.0"}
   assert result["linear"]["fractions"]["0.25"]["labels"] == 4  # round(25 % of 10) = 2 per class
-  assert set(result["cue"]) == {"0.0", "0.4"} and all(0 <= c["auc"] <= 1 for c in result["cue"].values())
+  assert set(result["cue"]) == {"0.0", "2.0"} and all(0 <= c["auc"] <= 1 for c in result["cue"].values())
+  # K = 23 tokens, W = 4, S = 2 (4 samples per window step), N = 10: the final window starts at
+  # sample 36; a gap of 2 windows ends the cue at sample 28, 20 samples before the end.
+  assert result["cue"]["2.0"]["gap_ratio"] == 20 / 48
   assert (out / "probe_accuracy.png").stat().st_size > 0 and (out / "cue_auc.png").stat().st_size > 0
   assert "linear probe, 25% labels" in capsys.readouterr().out
 

@@ -3,6 +3,7 @@ memory's history bound, missing values and configuration errors."""
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,6 +96,24 @@ def test_tokens_never_read_the_current_write_slots():
   out2, memory2 = apply(block, changed, x, valid)
   np.testing.assert_array_equal(out2, out)
   assert np.abs(memory2 - memory).max() > 1e-3
+
+
+def test_carry_gate_copies_the_block_below_when_closed_and_resets_when_open():
+  """M_cur = RMSNorm(M̃ + g (M_0 − M̃)): g → 0 copies the lower block's memory of the same
+  window, g → 1 resets to M_0."""
+  x, valid = block_inputs(20, invalid_tail=0)
+  block = PMABlock(SMALL, 6, 3)
+  variables = perturbed(init(block, x, valid))
+  lower = jax.random.normal(jax.random.PRNGKey(3), (3, 5, 2, 16))
+  noise = jnp.zeros_like(lower)
+  def slots(logit, lower):
+    changed = jax.tree_util.tree_map_with_path(
+        lambda path, a: jnp.full_like(a, logit) if "carry_gate" in jax.tree_util.keystr(path) else a, variables)
+    return apply(block, changed, lower, noise, method=PMABlock.write_slots)
+  norm = lambda a: apply(block, variables, a, method=lambda mdl, a: mdl.state_norm(a))
+  np.testing.assert_allclose(slots(-30.0, lower), norm(lower), atol=1e-5)
+  base = nn.meta.unbox(variables["params"]["base_state"])
+  np.testing.assert_allclose(slots(30.0, lower), norm(jnp.broadcast_to(base, lower.shape)), atol=1e-5)
 
 
 def _receptive_field(memory):

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpcjax.models import PMT, PMTConfig
-from lpcjax.models.pmt_losses import (hgcl_token_level, hgcl_window_level, icl_loss, pcl_direction, pmt_loss)
+from lpcjax.models.pmt_losses import (hgcl_token_level, hgcl_window_level, icl_loss, pcl_direction, pmt_loss,
+                                      sample_other)
 
 RNG = np.random.default_rng(0)
 
@@ -140,3 +141,30 @@ def test_family_loss_is_finite_with_missing_values_and_weights_switch_losses_off
   icl, hgcl = (metrics[name][0] / metrics[name][1] for name in ("icl", "hgcl"))
   np.testing.assert_allclose(value, icl + hgcl, rtol=1e-5)
   assert not np.allclose(new_mutable["batch_stats"]["tokenizer"]["BatchNorm_0"]["mean"], 0)
+
+
+def test_negatives_are_other_valid_sequences():
+  valid = jnp.asarray([True, True, False, True, True])
+  draws = np.asarray(sample_other(jax.random.PRNGKey(0), valid, (5, 400)))
+  for row in range(5):
+    assert set(draws[row]) == {0, 1, 3, 4} - {row}
+
+
+def test_evaluation_loss_ignores_padding_examples():
+  """train=False with a padding example (valid = 0): every term finite, weights count the valid
+  series, and the padding row's content does not change the loss."""
+  config = PMTConfig(d_model=16, num_heads=2, num_blocks=1, tokenizer_kernels=8, projection_dim=16, patch_size=4,
+                     patch_stride=2, pcl_negatives=16, hgcl_negatives=8)
+  x = RNG.normal(size=(4, 40, 1)).astype(np.float32)
+  model = PMT(config)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), x[:1])
+  mutable = {"batch_stats": variables["batch_stats"]}
+  evaluate = jax.jit(lambda x: pmt_loss(model.apply, variables["params"], {"x": x, "valid": jnp.asarray([1., 1., 1., 0.])},
+                                        rng=jax.random.PRNGKey(2), step=0, mutable=mutable, train=False))
+  value, metrics, _ = evaluate(jnp.asarray(x))
+  other_padding = x.copy()
+  other_padding[3] = 100.0
+  value2, _, _ = evaluate(jnp.asarray(other_padding))
+  assert set(metrics) == {"loss", "icl", "hgcl", "pcl"} and np.isfinite(value)
+  assert all(float(weight) == 3.0 for _, weight in metrics.values())
+  np.testing.assert_allclose(value2, value, rtol=1e-5)

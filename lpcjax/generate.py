@@ -1,0 +1,80 @@
+"""Generate text from a trained run: ``python -m lpcjax.generate --run RUN --prompt TEXT``.
+
+  python -m lpcjax.generate --run runs/fox --prompt "It was a dark and stormy night" --max-new-tokens 64
+  python -m lpcjax.generate --run runs/fox --prompts prompts.txt --temperature 0.8 --top-p 0.95 --seed 1
+  python -m lpcjax.generate --run runs/mqar --token-ids 5,17,3            # runs without a tokenizer
+
+One prompt per line in --prompts FILE (a batch, right-padded). Tokens are printed as they are
+drawn for a single prompt; a batch prints each row when done. The tokenizer is the run's GPT-2
+tokenizer (``data.tokenizer_file``, $LPCJAX_TIKTOKEN_FILE or tiktoken's download); generation
+stops at <|endoftext|> unless --no-stop.
+"""
+
+import argparse
+import sys
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--run", required=True, help="a run directory (config.json + checkpoints/)")
+  prompts = parser.add_mutually_exclusive_group(required=True)
+  prompts.add_argument("--prompt", help="one prompt (text)")
+  prompts.add_argument("--prompts", help="a file of prompts, one per line")
+  prompts.add_argument("--token-ids", help="one prompt as comma-separated token ids")
+  parser.add_argument("--max-new-tokens", type=int, default=64)
+  parser.add_argument("--max-len", type=int, default=None, help="cache length (default: prompt + new tokens)")
+  parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+  parser.add_argument("--top-k", type=int, default=0)
+  parser.add_argument("--top-p", type=float, default=1.0)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+  parser.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  import flax.linen as nn
+  import jax
+
+  from lpcjax.config import ConfigError
+  from lpcjax.data import DataError, load_gpt2_tokenizer
+  from lpcjax.evaluation import RunError, load_run
+  from lpcjax.generation import GenerationError, Sampling, TokenPrinter, generate
+
+  try:
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    run = load_run(args.run, step=args.step)
+    tokenizer = None
+    if args.token_ids:
+      prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]
+    else:
+      tokenizer = load_gpt2_tokenizer(getattr(run.config.data, "tokenizer_file", None))
+      texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
+      prompts = [tokenizer.encode_ordinary(text) for text in texts]
+    end_token = None if args.no_stop or tokenizer is None else tokenizer.eot_token
+    vocab = run.config.model.vocab_size
+    if any(not 0 <= t < vocab for p in prompts for t in p):
+      raise GenerationError(f"prompt token ids must be in [0, {vocab})")
+    if tokenizer:
+      decode = lambda ids: tokenizer.decode([t for t in ids if t < tokenizer.n_vocab])
+    else:
+      decode = lambda ids: "".join(f"{t} " for t in ids)
+
+    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+      result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
+                        max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
+                        on_token=TokenPrinter(decode, sys.stdout) if len(prompts) == 1 else None)
+  except (RunError, DataError, ConfigError, GenerationError, OSError, ValueError) as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  if len(prompts) == 1:
+    print()
+  else:
+    for prompt, tokens in zip(prompts, result.tokens):
+      print(f"{decode(prompt)}\u2502{decode(tokens)}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

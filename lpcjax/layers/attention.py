@@ -52,7 +52,7 @@ class ForgettingAttention(nn.Module):
   ``config`` is a transformer/fox config (see lpcjax.models); the fields read are num_heads,
   resolved_head_dim, d_model, use_rope, rope_theta, forget_gate (+ gate_*), the Pro switches
   (use_qk_norm, use_output_gate, use_output_norm, use_kv_shift), qk_norm_shared_scale, init_std, dtype,
-  param_dtype, attention_impl and debug_checks.
+  param_dtype, attention_impl and debug_checks, and attention_window and prune_epsilon if present.
   """
 
   config: object
@@ -89,7 +89,8 @@ class ForgettingAttention(nn.Module):
     else:
       log_fgate = ForgetGate(cfg, name="forget_gate")(x)
     options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks,
-                   prune_epsilon=getattr(cfg, "prune_epsilon", None))  # FoX configs only
+                   prune_epsilon=getattr(cfg, "prune_epsilon", None),  # FoX configs only
+                   window=getattr(cfg, "attention_window", None))  # None: full causal
     # checkify (debug_checks) cannot transform shard_map: debug runs leave attention to GSPMD.
     placement = None if cfg.debug_checks else attention_mesh_axes(x.shape[0], heads)
     if placement is None:

@@ -14,8 +14,15 @@ Every backend receives the same prepared inputs:
 * Segments. ``segment_ids`` mark packed documents; a position attends only to earlier positions
   in the same contiguous run of one segment id, so neither attention nor decay crosses a
   document boundary.
+* Window. ``window=w`` (sliding-window attention) keeps keys j with i - w < j <= i only; it
+  is a static int because the blockwise backends derive their loop bounds from it, skipping
+  the tiles wholly outside the band. A window covering the whole sequence is dropped here, so
+  it runs exactly the unwindowed code.
 """
 
+import numbers
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
@@ -37,7 +44,8 @@ _BACKENDS = {
 
 def register_backend(name, fn, head_dims=None):
   """Add a backend: ``fn(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes, interpret,
-  prune_threshold=None)`` on prepared inputs (see ``prepare_segments``)."""
+  prune_threshold=None, window=None)`` on prepared inputs (see ``prepare_segments``). The two
+  keywords are passed only when set, so a backend without pruning or windows need not take them."""
   _BACKENDS[name] = (fn, None if head_dims is None else tuple(head_dims))
 
 
@@ -83,6 +91,18 @@ def _check_shapes(q, k, v, log_fgate, segment_ids):
       raise TypeError(f"forgetting_attention: segment_ids must be integers, got {segment_ids.dtype}")
 
 
+def _check_window(window, seq_len):
+  """The window as a Python int, or None when there is none or it spans the whole sequence."""
+  if window is None:
+    return None
+  if isinstance(window, jax.Array):  # a tracer or a device scalar: loop bounds need a static int
+    raise ValueError("forgetting_attention: window must be a static Python int (it sets the "
+                     f"kernels' loop bounds), got a JAX array {window!r}")
+  if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+    raise ValueError(f"forgetting_attention: window must be None or an int >= 1, got {window!r}")
+  return None if window >= seq_len else int(window)
+
+
 def check_values(q, k, v, log_fgate):
   """Value checks for debug mode: raise eagerly, or record a checkify error under tracing."""
   checkify.check(jnp.all(jnp.isfinite(q)) & jnp.all(jnp.isfinite(k)) & jnp.all(jnp.isfinite(v)),
@@ -106,7 +126,8 @@ def prepare_segments(log_fgate, segment_ids):
 
 
 def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None, impl="auto",
-                         block_sizes=None, interpret=False, debug=False, prune_epsilon=None):
+                         block_sizes=None, interpret=False, debug=False, prune_epsilon=None,
+                         window=None):
   """Causal softmax attention with a forget gate.
 
   Args:
@@ -122,6 +143,10 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
     prune_epsilon: skip tiles whose decay bounds their total softmax weight per row below this
       (``lpcjax.kernels.pruning``; e.g. e^-10). Off (None, exact) by default. Each output then
       differs from the exact one by less than 2 * prune_epsilon * max|v|. "reference" ignores it.
+    window: None (full causal attention) or a static int w >= 1: sliding-window attention,
+      query i sees only keys j with i - w < j <= i (on top of segments and the decay). The
+      blockwise backends skip the tiles outside the band, forward and backward. w >= seq_len
+      is the same as None.
     debug: also check values (finite q/k/v, log f <= 0). Outside ``jit`` a failure raises at once;
       under ``jit`` wrap the caller with ``jax.experimental.checkify.checkify`` to surface it.
 
@@ -136,9 +161,10 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
     sm_scale = q.shape[-1] ** -0.5
   if prune_epsilon is not None and not 0 < prune_epsilon < 1:
     raise ValueError(f"forgetting_attention: prune_epsilon must be in (0, 1), got {prune_epsilon}")
+  window = _check_window(window, q.shape[1])
   log_fgate, ids = prepare_segments(log_fgate, segment_ids)
   fn = _BACKENDS[name][0]
-  if prune_epsilon is None or name == "reference":
-    return fn(q, k, v, log_fgate, ids, sm_scale, block_sizes, interpret)
-  threshold = lax.stop_gradient(skip_threshold(q, k, sm_scale, prune_epsilon))
-  return fn(q, k, v, log_fgate, ids, sm_scale, block_sizes, interpret, prune_threshold=threshold)
+  options = {} if window is None else {"window": window}
+  if prune_epsilon is not None and name != "reference":
+    options["prune_threshold"] = lax.stop_gradient(skip_threshold(q, k, sm_scale, prune_epsilon))
+  return fn(q, k, v, log_fgate, ids, sm_scale, block_sizes, interpret, **options)

@@ -1,9 +1,11 @@
-"""Tile sizes shared by the blockwise backends, and the padding that makes T fit them."""
+"""Tile sizes shared by the blockwise backends, the padding that makes T fit them, and the
+tile ranges that a sliding window leaves to compute."""
 
 import dataclasses
 from typing import Optional
 
 import jax.numpy as jnp
+from jax import lax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,3 +56,23 @@ def heads_major(x, padded_len):
   """[batch, seq, heads, ...] -> [batch, heads, padded_len, ...], zero-padded along seq: the
   layout in which each (batch, head) holds one contiguous sequence to tile."""
   return jnp.swapaxes(pad_seq(x, padded_len), 1, 2)
+
+
+# Block ranges of a sliding window (keys j with i - window < j <= i). Starts may be traced int32
+# (a loop index times the block size); lax.div on non-negative operands is the floor division
+# that both XLA and the Triton lowering accept.
+
+def first_key_block_in_window(q_start, block_k, window):
+  """The first key block that reaches into the window of the query block starting at q_start:
+  the blocks left of it hold only keys at least ``window`` before every query, and are skipped."""
+  if window is None:
+    return 0
+  return lax.div(jnp.maximum(q_start - window + 1, 0), block_k)
+
+
+def query_block_end_in_window(k_start, block_k, block_q, num_q_blocks, window):
+  """One past the last query block whose window reaches the key block starting at k_start (its
+  last key, k_start + block_k - 1, is seen up to query k_start + block_k + window - 2)."""
+  if window is None:
+    return num_q_blocks
+  return jnp.minimum(lax.div(k_start + block_k + window - 2, block_q) + 1, num_q_blocks)

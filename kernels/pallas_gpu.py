@@ -10,7 +10,10 @@ Same algorithm as the blockwise XLA backend, as three kernels with no [T, T] arr
 
 d log_fgate is then the reverse cumsum of dc, outside the kernels. No atomics are needed. Each
 sweep runs in two loops: tiles wholly on one side of the causal diagonal skip the position
-compare (and are the only ones pruning may skip); tiles that cross it are masked.
+compare (and are the only ones pruning may skip); tiles that cross it are masked. A sliding
+``window`` (a static int) bounds each sweep to the blocks its band reaches, so tiles wholly
+outside it are never loaded, and adds a third loop for the off-diagonal tiles it only partly
+covers, which compare positions against the band.
 Logits are kept in base-2 units (scaled by log2 e) so the exponentials are exp2, which Triton
 maps to the fast hardware instruction; the decay bias c_i - c_j is formed per tile from the
 float32 cumsum c, already scaled by log2 e. q, k, v and o stay in the caller's
@@ -28,7 +31,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .block_sizes import BlockSizes, heads_major, pad_seq
+from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, pad_seq,
+                          query_block_end_in_window)
 from .pruning import unless_skipped
 from .reference import tile_logits
 
@@ -72,16 +76,18 @@ def _compiler_params(head_dim, kernel):
   return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
 
 
-def _tile_logits2(q, k, c_q, c_k, seg_q, seg_k, q_start, k_start, scale2, causal):
+def _tile_logits2(q, k, c_q, c_k, seg_q, seg_k, q_start, k_start, scale2, causal, window):
   """Base-2 logits of one tile, -inf where masked: (scale q.k + c_i - c_j) * log2 e.
 
   The formula and masks are the reference's ``tile_logits`` (plain jnp, which Triton lowers),
   fed with scale and c already times log2 e. Only the dot product is this kernel's own (2-D
   tiles, full float32 precision), and so are the exponentials that follow: exp2 against a
   base-2 lse here, where the XLA backend uses exp against a natural-log lse. Only tiles that
-  cross the diagonal (``causal``) compare positions; the others lie wholly left of it.
+  cross the diagonal (``causal``) or the window's edge (``window`` not None) compare positions;
+  the others lie wholly inside the band.
   """
-  return tile_logits(_dot(q, k.T), c_q, c_k, seg_q, seg_k, scale2, q_start, k_start, causal)
+  return tile_logits(_dot(q, k.T), c_q, c_k, seg_q, seg_k, scale2, q_start, k_start, causal,
+                     window)
 
 
 def _program_block(block, c_ref, seg_ref, thr_ref, prune):
@@ -99,39 +105,50 @@ def _dscores(p, do, v, delta):
   return p * (_dot(do, v.T) - delta[:, None])
 
 
-def _block_loop(tile, c_ref, block, lo, hi, carry, *, causal, thr=None, tile_gates=None):
-  """``carry = tile(start, block slice, c of the block, causal, carry)`` over blocks [lo, hi) of
-  the side that moves. With a pruning threshold, ``tile_gates(c of the block)`` gives the tile's
+def _block_loop(tile, c_ref, block, lo, hi, carry, *, causal, band=None, thr=None,
+                tile_gates=None):
+  """``carry = tile(start, block slice, c of the block, causal, band, carry)`` over blocks
+  [lo, hi) of the side that moves; ``band`` (None, or the window) says whether the tiles need
+  the window's mask. With a pruning threshold, ``tile_gates(c of the block)`` gives the tile's
   (c of its rows, c of its columns) and a tile that may be skipped is."""
   def body(i, carry):
     rows = pl.ds(i * block, block)
     c_block = c_ref[rows]
-    compute = lambda carry: tile(i * block, rows, c_block, causal, carry)
+    compute = lambda carry: tile(i * block, rows, c_block, causal, band, carry)
     if thr is None:
       return compute(carry)
     return unless_skipped(thr, *tile_gates(c_block), compute, carry)
   return lax.fori_loop(lo, hi, body, carry)
 
 
-def _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, carry):
+def _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window, carry):
   """The key blocks of one query block: [0, q_start // bk) lie wholly left of the diagonal (no
   causal mask, may be pruned); the rest, up to the block's last query, cross it (masked, never
-  pruned: see pruning.py)."""
+  pruned: see pruning.py). A window starts the sweep at the first key block it reaches, and
+  the blocks left of the diagonal before ceil((q_start + bq - window) / bk), which it covers
+  only in part, get its mask; so do the crossing blocks (the band may end inside them)."""
   first_crossing = lax.div(q_start, bk)
-  carry = _block_loop(tile, c_ref, bk, 0, first_crossing, carry, causal=False, thr=thr,
-                      tile_gates=lambda c_k: (c_q, c_k))
+  left = dict(causal=False, thr=thr, tile_gates=lambda c_k: (c_q, c_k))
+  first_inside = 0
+  if window is not None:
+    first = first_key_block_in_window(q_start, bk, window)
+    first_inside = jnp.minimum(lax.div(jnp.maximum(q_start + bq - window, 0) + bk - 1, bk),
+                               first_crossing)
+    carry = _block_loop(tile, c_ref, bk, first, first_inside, carry, band=window, **left)
+  carry = _block_loop(tile, c_ref, bk, first_inside, first_crossing, carry, **left)
   return _block_loop(tile, c_ref, bk, first_crossing, lax.div(q_start + bq + bk - 1, bk), carry,
-                     causal=True)
+                     causal=True, band=window)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref, *, scale2, bq, bk, prune):
+def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref, *, scale2, bq, bk, prune,
+                    window):
   q = q_ref[...]
   q_start, c_q, seg_q, thr = _program_block(bq, c_ref, seg_ref, thr_ref, prune)
 
-  def tile(k_start, keys, c_k, causal, carry):
+  def tile(k_start, keys, c_k, causal, band, carry):
     m, l, acc = carry
     s = _tile_logits2(q, k_ref[keys, :], c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2,
-                      causal)
+                      causal, band)
     m_new = jnp.maximum(m, s.max(axis=-1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows fully masked so far stay at zero
     p = jnp.exp2(s - m_safe[:, None])
@@ -142,20 +159,21 @@ def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref
 
   init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
           jnp.zeros(q.shape, jnp.float32))
-  m, l, acc = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, init)
+  m, l, acc = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window, init)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log2(l)  # base 2; every real row has l >= 1
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref,
-                dk_ref, dv_ref, dc_ref, *, scale2, sm_scale, bq, bk, seq_len, prune):
+                dk_ref, dv_ref, dc_ref, *, scale2, sm_scale, bq, bk, seq_len, prune, window):
   k, v = k_ref[...], v_ref[...]
   k_start, c_k, seg_k, thr = _program_block(bk, c_ref, seg_ref, thr_ref, prune)
 
-  def tile(q_start, rows, c_q, causal, carry):
+  def tile(q_start, rows, c_q, causal, band, carry):
     dk, dv, dc = carry
     q, do = q_ref[rows, :], do_ref[rows, :]
-    s = _tile_logits2(q, k, c_q, c_k, seg_ref[rows], seg_k, q_start, k_start, scale2, causal)
+    s = _tile_logits2(q, k, c_q, c_k, seg_ref[rows], seg_k, q_start, k_start, scale2, causal,
+                      band)
     p = jnp.exp2(s - lse_ref[rows][:, None])
     dv = dv + _dot(p.astype(do.dtype).T, do)
     ds = _dscores(p, do, v, delta_ref[rows])
@@ -165,31 +183,41 @@ def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, d
   # Query blocks above the diagonal see nothing of this key block; those from
   # ceil((k_start + bk) / bq) on lie wholly below it (no causal mask, may be pruned). The padded
   # length is a multiple of every block size, so that index is at most seq_len // bq.
+  # A window ends the sweep after the last query block it reaches from this key block, and the
+  # blocks below the diagonal from (k_start + window) // bq on, which it covers only in part,
+  # get its mask; so do the crossing blocks.
   num_q_blocks = seq_len // bq
   first_below = lax.div(k_start + bk + bq - 1, bq)
+  end = query_block_end_in_window(k_start, bk, bq, num_q_blocks, window)
   zeros = jnp.zeros(k.shape, jnp.float32)
   carry = _block_loop(tile, c_ref, bq, lax.div(k_start, bq), first_below,
-                      (zeros, zeros, jnp.zeros((bk,), jnp.float32)), causal=True)
-  dk, dv, dc = _block_loop(tile, c_ref, bq, first_below, num_q_blocks, carry, causal=False,
-                           thr=thr, tile_gates=lambda c_q: (c_q, c_k))
+                      (zeros, zeros, jnp.zeros((bk,), jnp.float32)), causal=True, band=window)
+  below = dict(causal=False, thr=thr, tile_gates=lambda c_q: (c_q, c_k))
+  if window is None:
+    dk, dv, dc = _block_loop(tile, c_ref, bq, first_below, end, carry, **below)
+  else:
+    first_partial = jnp.maximum(jnp.minimum(lax.div(k_start + window, bq), end), first_below)
+    carry = _block_loop(tile, c_ref, bq, first_below, first_partial, carry, **below)
+    dk, dv, dc = _block_loop(tile, c_ref, bq, first_partial, end, carry, band=window, **below)
   dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
   dc_ref[...] = dc
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
-               scale2, sm_scale, bq, bk, prune):
+               scale2, sm_scale, bq, bk, prune, window):
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   q_start, c_q, seg_q, thr = _program_block(bq, c_ref, seg_ref, thr_ref, prune)
 
-  def tile(k_start, keys, c_k, causal, dq):
+  def tile(k_start, keys, c_k, causal, band, dq):
     k = k_ref[keys, :]
-    s = _tile_logits2(q, k, c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2, causal)
+    s = _tile_logits2(q, k, c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2, causal,
+                      band)
     p = jnp.exp2(s - lse[:, None])
     ds = _dscores(p, do, v_ref[keys, :], delta)
     return dq + _dot(ds.astype(k.dtype), k)
 
-  dq = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, jnp.zeros(q.shape, jnp.float32))
+  dq = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
 
 
@@ -210,10 +238,11 @@ def _vec_full(seq_len):  # [B, H, T] -> [T]
   return pl.BlockSpec((None, None, seq_len), lambda i, b, h: (b, h, 0))
 
 
-def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, interpret, prune):
+def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, interpret, prune, window):
   batch, seq_len, heads, head_dim = q.shape
   bq, bk = sizes.block_q, sizes.block_k
-  kernel = functools.partial(_forward_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk, prune=prune)
+  kernel = functools.partial(_forward_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk, prune=prune,
+                             window=window)
   return pl.pallas_call(
       kernel,
       grid=(seq_len // bq, batch, heads),
@@ -228,10 +257,10 @@ def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, interpret, prune):
   )(q, k, v, c2, seg, thr2)
 
 
-def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret, prune):
+def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret, prune, window):
   batch, seq_len, heads, head_dim = q.shape
   full, vec, thr = _seq_full(seq_len, head_dim), _vec_full(seq_len), _vec_full(THRESHOLD_WIDTH)
-  common = dict(scale2=sm_scale * LOG2_E, sm_scale=sm_scale, prune=prune)
+  common = dict(scale2=sm_scale * LOG2_E, sm_scale=sm_scale, prune=prune, window=window)
 
   bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
   dk, dv, dc = pl.pallas_call(
@@ -265,21 +294,22 @@ def _scaled_cumsum(log_fgate):
   return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _pallas(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune):
-  return _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _pallas(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune, window):
+  return _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune, window)[0]
 
 
-def _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune):
-  o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, sm_scale, sizes, interpret, prune)
+def _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune, window):
+  o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, sm_scale, sizes, interpret, prune,
+                     window)
   return o, (q, k, v, log_fgate, seg, thr2, o, lse2)
 
 
-def _pallas_bwd(sm_scale, sizes, interpret, prune, residuals, do):
+def _pallas_bwd(sm_scale, sizes, interpret, prune, window, residuals, do):
   q, k, v, log_fgate, seg, thr2, o, lse2 = residuals
   delta = jnp.swapaxes(jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1), 1, 2)
   dq, dk, dv, dc = _backward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, do.astype(q.dtype), lse2,
-                             delta, sm_scale, sizes, interpret, prune)
+                             delta, sm_scale, sizes, interpret, prune, window)
   return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None, None
 
 
@@ -287,10 +317,11 @@ _pallas.defvjp(_pallas_fwd, _pallas_bwd)
 
 
 def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
-                     prune_threshold=None):
+                     prune_threshold=None, window=None):
   """Pallas backend; layouts as in ``forgetting_attention``. Pads T up to the block sizes.
 
   ``prune_threshold`` [batch, heads] (or None) enables tile skipping (see pruning.py).
+  ``window``: None or a static int, sliding-window attention (tiles outside the band skipped).
   """
   seq_len, head_dim = q.shape[1], q.shape[-1]
   if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -307,5 +338,5 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   thr2 = jnp.broadcast_to(threshold[..., None], threshold.shape + (THRESHOLD_WIDTH,))
   o = _pallas(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
               heads_major(log_fgate, padded_len), heads_major(segment_ids, padded_len), thr2,
-              float(sm_scale), sizes, bool(interpret), prune)
+              float(sm_scale), sizes, bool(interpret), prune, window)
   return o[:, :seq_len]

@@ -14,41 +14,51 @@ import jax
 import jax.numpy as jnp
 
 
-def tile_logits(qk, c_q, c_k, seg_q, seg_k, scale, q_start=0, k_start=0, causal=True):
+def tile_logits(qk, c_q, c_k, seg_q, seg_k, scale, q_start=0, k_start=0, causal=True,
+                window=None):
   """Logits s_ij = scale * qk_ij + c_i - c_j of a tile of rows i and columns j, -inf where
-  j > i or where i and j lie in different segments.
+  j > i, where i and j lie in different segments, or (with a ``window``) where i - j >= window.
 
   Every backend forms its logits here; only the dot product qk_ij = q_i.k_j (float32,
   [..., rows, cols]) is each backend's own, for its layout and precision. c_q, seg_q:
   [..., rows]; c_k, seg_k: [..., cols]; q_start, k_start: the positions of the first row and
-  column. ``causal=False`` skips the position compare, for a caller that knows every column of
-  the tile precedes every row. The units follow the inputs: the Pallas kernel passes scale
-  and c times log2(e) and gets base-2 logits.
+  column. ``causal=False`` skips the causal compare, for a caller that knows every column of
+  the tile precedes every row; ``window=None`` skips the band compare, for a caller that knows
+  every column lies within the window of every row (or wants no window). The units follow the
+  inputs: the Pallas kernel passes scale and c times log2(e) and gets base-2 logits.
   """
   s = qk * scale + c_q[..., :, None] - c_k[..., None, :]
   mask = seg_q[..., :, None] == seg_k[..., None, :]
-  if causal:
+  if causal or window is not None:
     q_pos = q_start + jnp.arange(qk.shape[-2])
     k_pos = k_start + jnp.arange(qk.shape[-1])
-    mask = mask & (q_pos[:, None] >= k_pos[None, :])
+    distance = q_pos[:, None] - k_pos[None, :]
+    if causal:
+      mask = mask & (distance >= 0)
+    if window is not None:
+      mask = mask & (distance < window)
   return jnp.where(mask, s, -jnp.inf)
 
 
-def attention_logits(q, k, c, segment_ids, sm_scale):
+def attention_logits(q, k, c, segment_ids, sm_scale, window=None):
   """Masked logits of the whole sequence as one tile, [batch, heads, seq, seq], float32.
 
-  c, segment_ids: [batch, seq, heads].
+  c, segment_ids: [batch, seq, heads]; window: None or the band width (see ``tile_logits``).
   """
   qk = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
   c, seg = jnp.swapaxes(c, 1, 2), jnp.swapaxes(segment_ids, 1, 2)  # [batch, heads, seq]
-  return tile_logits(qk, c, c, seg, seg, sm_scale)
+  return tile_logits(qk, c, c, seg, seg, sm_scale, window=window)
 
 
-def reference_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False):
-  """o_i = sum_j softmax_j(s_ij) v_j with the softmax in float32. Returns q.dtype."""
+def reference_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
+                        window=None):
+  """o_i = sum_j softmax_j(s_ij) v_j with the softmax in float32. Returns q.dtype.
+
+  ``window``: None, or keys j with i - window < j <= i only (masked, not skipped: O(T^2) anyway).
+  """
   del block_sizes, interpret  # the reference has no tiling
   c = jnp.cumsum(log_fgate.astype(jnp.float32), axis=1)
-  s = attention_logits(q, k, c, segment_ids, sm_scale)
+  s = attention_logits(q, k, c, segment_ids, sm_scale, window)
   p = jax.nn.softmax(s, axis=-1)
   o = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32))
   return o.astype(q.dtype)

@@ -2,7 +2,9 @@
 
 FlashAttention-2 style. The forward pass walks query blocks; for each one it streams the key
 blocks left of (and on) the causal diagonal with an online softmax in float32, and keeps only
-the output and the per-row log-normalizer ``lse``. The backward pass (a ``jax.custom_vjp``)
+the output and the per-row log-normalizer ``lse``. With a sliding ``window`` each sweep's loop
+starts (forward, dq) or ends (dk/dv) at the last block the band reaches, so the tiles wholly
+outside it are never computed, in either direction; the tiles it crosses are masked. The backward pass (a ``jax.custom_vjp``)
 recomputes each tile's probabilities from ``lse`` in two sweeps, never holding a [T, T] array:
 
 * a query-block sweep for dq;
@@ -21,15 +23,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .block_sizes import BlockSizes, heads_major
+from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major,
+                          query_block_end_in_window)
 from .pruning import unless_skipped
 from .reference import tile_logits
 
 
-def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scale):
+def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scale, window):
   """Logits of one [block_q, block_k] tile, -inf where masked. Shapes [B, H, bq, bk]."""
   qk = jnp.einsum("bhqd,bhkd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32)
-  return tile_logits(qk, c_q, c_k, seg_q, seg_k, sm_scale, q_start, k_start)
+  return tile_logits(qk, c_q, c_k, seg_q, seg_k, sm_scale, q_start, k_start, window=window)
 
 
 def _slice(x, start, size, axis):
@@ -66,7 +69,7 @@ def _sweep(tile, c, block, lo, hi, carry, thr, tile_gates):
   return lax.fori_loop(lo, hi, body, carry)
 
 
-def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk):
+def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk, window):
   """q, k, v: [B, H, T, D]; c, seg: [B, H, T]. Returns o [B, H, T, D], lse [B, H, T]."""
   batch, heads, seq_len, head_dim = q.shape
 
@@ -78,7 +81,7 @@ def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk):
     def tile(k_start, c_k, carry):
       m, l, acc = carry
       s = _tile_logits(q_blk, _slice(k, k_start, bk, 2), c_q, c_k,
-                       seg_q, _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale)
+                       seg_q, _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale, window)
       m_new = jnp.maximum(m, s.max(axis=-1))
       m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows masked so far stay at zero
       p = jnp.exp(s - m_safe[..., None])
@@ -91,7 +94,8 @@ def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk):
     init = (jnp.full((batch, heads, bq), -jnp.inf, jnp.float32),
             jnp.zeros((batch, heads, bq), jnp.float32),
             jnp.zeros((batch, heads, bq, head_dim), jnp.float32))
-    m, l, acc = _sweep(tile, c, bk, 0, num_k_blocks, init, thr, lambda c_k: (c_q, c_k))
+    m, l, acc = _sweep(tile, c, bk, first_key_block_in_window(q_start, bk, window), num_k_blocks,
+                       init, thr, lambda c_k: (c_q, c_k))
     # Every real row attends at least to itself, so l >= 1 there.
     return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)
 
@@ -101,7 +105,7 @@ def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk):
   return _merge_blocks(o, 2), _merge_blocks(lse, 2)
 
 
-def _backward_dq(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
+def _backward_dq(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window):
   seq_len = q.shape[2]
 
   def one_query_block(args):
@@ -111,15 +115,15 @@ def _backward_dq(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
     def tile(k_start, c_k, dq):
       k_blk, v_blk = _slice(k, k_start, bk, 2), _slice(v, k_start, bk, 2)
       s = _tile_logits(q_blk, k_blk, c_q, c_k, seg_q,
-                       _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale)
+                       _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale, window)
       p = jnp.exp(s - lse_blk[..., None])
       ds = _dscores(p, do_blk, v_blk, delta_blk)
       return dq + jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_blk,
                              preferred_element_type=jnp.float32)
 
     num_k_blocks = (q_start + bq + bk - 1) // bk
-    dq = _sweep(tile, c, bk, 0, num_k_blocks, jnp.zeros(q_blk.shape, jnp.float32), thr,
-                lambda c_k: (c_q, c_k))
+    dq = _sweep(tile, c, bk, first_key_block_in_window(q_start, bk, window), num_k_blocks,
+                jnp.zeros(q_blk.shape, jnp.float32), thr, lambda c_k: (c_q, c_k))
     return (dq * sm_scale).astype(q.dtype)
 
   blocks = (jnp.arange(seq_len // bq),) + tuple(
@@ -127,7 +131,7 @@ def _backward_dq(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
   return _merge_blocks(lax.map(one_query_block, blocks), 2)
 
 
-def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
+def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window):
   seq_len = q.shape[2]
 
   def one_key_block(args):
@@ -138,7 +142,7 @@ def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
       dk, dv, dc = carry
       q_blk, do_blk = _slice(q, q_start, bq, 2), _slice(do, q_start, bq, 2)
       s = _tile_logits(q_blk, k_blk, c_q, c_k,
-                       _slice(seg, q_start, bq, 2), seg_k, q_start, k_start, sm_scale)
+                       _slice(seg, q_start, bq, 2), seg_k, q_start, k_start, sm_scale, window)
       p = jnp.exp(s - _slice(lse, q_start, bq, 2)[..., None])
       dv = dv + jnp.einsum("bhqk,bhqd->bhkd", p.astype(do.dtype), do_blk,
                            preferred_element_type=jnp.float32)
@@ -148,8 +152,10 @@ def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
       return dk, dv, dc - ds.sum(axis=-2)
 
     first_q_block = k_start // bq  # causal: query blocks above the diagonal see nothing here
+    # window: nor do the query blocks below the band
+    end_q_block = query_block_end_in_window(k_start, bk, bq, seq_len // bq, window)
     zeros = jnp.zeros(k_blk.shape, jnp.float32)
-    dk, dv, dc = _sweep(tile, c, bq, first_q_block, seq_len // bq,
+    dk, dv, dc = _sweep(tile, c, bq, first_q_block, end_q_block,
                         (zeros, zeros, jnp.zeros(c_k.shape, jnp.float32)), thr,
                         lambda c_q: (c_q, c_k))
     return (dk * sm_scale).astype(k.dtype), dv.astype(v.dtype), dc
@@ -160,22 +166,22 @@ def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk):
   return _merge_blocks(dk, 2), _merge_blocks(dv, 2), _merge_blocks(dc, 2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _blockwise(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk):
-  return _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _blockwise(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk, window):
+  return _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk, window)[0]
 
 
-def _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk):
+def _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk, window):
   c = jnp.cumsum(log_fgate, axis=-1)
-  o, lse = _forward(q, k, v, c, seg, thr, sm_scale, bq, bk)
+  o, lse = _forward(q, k, v, c, seg, thr, sm_scale, bq, bk, window)
   return o, (q, k, v, log_fgate, seg, thr, o, lse)
 
 
-def _blockwise_bwd(sm_scale, bq, bk, residuals, do):
+def _blockwise_bwd(sm_scale, bq, bk, window, residuals, do):
   q, k, v, log_fgate, seg, thr, o, lse = residuals
   c = jnp.cumsum(log_fgate, axis=-1)
   delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
-  args = (q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk)
+  args = (q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window)
   dq = _backward_dq(*args)
   dk, dv, dc = _backward_dkv(*args)
   d_log_fgate = lax.cumsum(dc, axis=dc.ndim - 1, reverse=True)
@@ -187,11 +193,12 @@ _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
 def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
-                  prune_threshold=None):
+                  prune_threshold=None, window=None):
   """Blockwise backend. Layouts as in ``forgetting_attention``; pads T up to the block size.
 
   Uses ``block_q``/``block_k`` of ``block_sizes`` for every sweep (default 128).
   ``prune_threshold`` [batch, heads] (or None) enables tile skipping (see pruning.py).
+  ``window``: None or a static int, sliding-window attention (tiles outside the band skipped).
   """
   del interpret  # plain JAX: nothing to interpret
   seq_len = q.shape[1]
@@ -200,5 +207,5 @@ def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, i
   padded_len = -(-seq_len // max(bq, bk)) * max(bq, bk)
   # Padded keys lie right of every real query, so the causal mask already hides them.
   o = _blockwise(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
-                 prune_threshold, float(sm_scale), bq, bk)
+                 prune_threshold, float(sm_scale), bq, bk, window)
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]

@@ -55,7 +55,7 @@ class ForgettingAttention(nn.Module):
   ``config`` is a transformer/fox config (see lpcjax.models); the fields read are num_heads,
   resolved_head_dim, d_model, use_rope, rope_theta, forget_gate (+ gate_*), the Pro switches
   (use_qk_norm, use_output_gate, use_output_norm, use_kv_shift), qk_norm_shared_scale, init_std, dtype,
-  param_dtype, attention_impl and debug_checks.
+  param_dtype, attention_impl and debug_checks, and attention_window and prune_epsilon if present.
   """
 
   config: object
@@ -100,11 +100,12 @@ class ForgettingAttention(nn.Module):
       log_fgate = jnp.zeros(x.shape[:2] + (heads,), jnp.float32)
     else:
       log_fgate = ForgetGate(cfg, name="forget_gate")(x)
+    window = getattr(cfg, "attention_window", None)  # None: full causal
     if decoding:
-      o, cache = cached_attention(q, k, v, log_fgate, cache, context)
+      o, cache = cached_attention(q, k, v, log_fgate, cache, context, window)
     else:
       options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks,
-                     prune_epsilon=getattr(cfg, "prune_epsilon", None))  # FoX configs only
+                     prune_epsilon=getattr(cfg, "prune_epsilon", None), window=window)  # pruning: FoX configs
       # checkify (debug_checks) cannot transform shard_map: debug runs leave attention to GSPMD.
       placement = None if cfg.debug_checks else attention_mesh_axes(x.shape[0], heads)
       if placement is None:
@@ -173,9 +174,9 @@ def last_candidates(candidates, lengths, decoding):
   return {"k_prev": jnp.take_along_axis(k, index, axis=1)[:, 0], "v_prev": jnp.take_along_axis(v, index, axis=1)[:, 0]}
 
 
-def cached_attention(q, k, v, log_fgate, cache, context):
+def cached_attention(q, k, v, log_fgate, cache, context, window=None):
   """One new token per row (q, k, v [batch, 1, heads, head_dim]) at position p = lengths: write
-  it into the cache, then attend over positions j <= p of its segment with logits
+  it into the cache, then attend over positions p - window < j <= p of its segment with logits
   q.k_j / sqrt(D) + c_p - c_j, in float32. Returns (o [batch, 1, heads, head_dim], cache)."""
   position = context["lengths"]
   batch, max_len, heads = cache["k"].shape[:3]
@@ -193,6 +194,8 @@ def cached_attention(q, k, v, log_fgate, cache, context):
   segments = context["segments"]
   current = jnp.take_along_axis(segments, position[:, None], axis=1)
   visible = (jnp.arange(max_len)[None, :] <= position[:, None]) & (segments == current)  # [batch, max_len]
+  if window is not None:
+    visible = visible & (jnp.arange(max_len)[None, :] > position[:, None] - window)
   scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
   logits = jnp.einsum("bhd,bjhd->bhj", q[:, 0].astype(jnp.float32), cache["k"].astype(jnp.float32)) * scale
   logits = logits + decay

@@ -40,6 +40,7 @@ class TransformerConfig:
   dtype: str = "float32"  # compute dtype of activations and matmuls
   param_dtype: str = "float32"
   attention_impl: str = "auto"  # forgetting_attention backend
+  attention_window: Optional[int] = None  # sliding-window attention; None = full causal
   remat_policy: str = "none"
   scan_layers: bool = True
   debug_checks: bool = False  # value checks in the attention op (checkify)
@@ -58,6 +59,8 @@ class TransformerConfig:
     require_choice(self.remat_policy, "model.remat_policy", set(REMAT_POLICIES))
     require(self.rope_theta > 0, "model.rope_theta", "must be > 0")
     require(self.mlp_ratio is None or self.mlp_ratio > 0, "model.mlp_ratio", "must be > 0")
+    require(self.attention_window is None or self.attention_window >= 1, "model.attention_window",
+            f"must be >= 1 or None, got {self.attention_window}")
     from lpcjax.kernels import available_impls
     require_choice(self.attention_impl, "model.attention_impl", set(available_impls()))
 

@@ -31,8 +31,9 @@ def make_inputs(seed, batch, seq_len, heads, head_dim, gates="random", dtype=jnp
   return cast(q), cast(k), cast(v), jnp.asarray(log_f, jnp.float32), cast(do)
 
 
-def numpy_forgetting_attention(q, k, v, log_f, segment_ids=None):
-  """Product form in float64: w_ij = exp(q_i.k_j / sqrt(D)) * prod_{j < u <= i} f_u."""
+def numpy_forgetting_attention(q, k, v, log_f, segment_ids=None, window=None):
+  """Product form in float64: w_ij = exp(q_i.k_j / sqrt(D)) * prod_{j < u <= i} f_u, and 0 for
+  j <= i - window."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   f = np.exp(np.asarray(log_f, np.float64))
   batch, seq_len, heads, head_dim = q.shape
@@ -44,6 +45,8 @@ def numpy_forgetting_attention(q, k, v, log_f, segment_ids=None):
         decay = np.array([np.prod(f[b, j + 1:i + 1, h]) for j in range(i + 1)])
         if segment_ids is not None:
           decay = decay * (np.asarray(segment_ids)[b, :i + 1] == np.asarray(segment_ids)[b, i])
+        if window is not None:
+          decay = decay * (np.arange(i + 1) > i - window)
         w = np.exp(logits - logits.max()) * decay
         out[b, i, h] = w @ v[b, :i + 1, h] / w.sum()
   return out
@@ -67,11 +70,12 @@ def segments_from_starts(batch, seq_len, starts):
   return jnp.asarray(ids)
 
 
-def test_reference_matches_float64_product_form():
+@pytest.mark.parametrize("window", [None, 1, 4])
+def test_reference_matches_float64_product_form(window):
   q, k, v, log_f, _ = make_inputs(0, 2, 13, 2, 8)
   seg = segments_from_starts(2, 13, [5])
-  o = forgetting_attention(q, k, v, log_f, segment_ids=seg, impl="reference")
-  np.testing.assert_allclose(o, numpy_forgetting_attention(q, k, v, log_f, seg), atol=2e-6)
+  o = forgetting_attention(q, k, v, log_f, segment_ids=seg, impl="reference", window=window)
+  np.testing.assert_allclose(o, numpy_forgetting_attention(q, k, v, log_f, seg, window), atol=2e-6)
 
 
 @pytest.mark.parametrize("impl", BACKENDS)
@@ -181,6 +185,88 @@ def test_segments_equal_separate_sequences(impl):
   first = run(q[:, :12], k[:, :12], v[:, :12], log_f[:, :12])
   second = run(q[:, 12:], k[:, 12:], v[:, 12:], log_f[:, 12:])
   np.testing.assert_allclose(packed, jnp.concatenate([first, second], axis=1), atol=3e-6)
+
+
+# (seq_len, window, block sizes, segment starts): a window of 1, windows narrower than a tile
+# and wider but not a multiple of it, with tiles of unequal sizes in every pass.
+WINDOW_CASES = [
+    (37, 1, BlockSizes(16, 16), []),
+    (45, 5, BlockSizes(block_q=16, block_k=32, block_q_dkv=32, block_k_dkv=16, block_q_dq=16,
+                       block_k_dq=32), [20]),
+    (70, 21, BlockSizes(block_q=32, block_k=16, block_q_dkv=16, block_k_dkv=32, block_q_dq=32,
+                        block_k_dq=16), [9, 50]),
+]
+
+
+@pytest.mark.parametrize("impl", BACKENDS)
+@pytest.mark.parametrize("seq_len,window,sizes,starts", WINDOW_CASES,
+                         ids=[f"T{c[0]}-w{c[1]}" for c in WINDOW_CASES])
+def test_backend_with_window_matches_reference(impl, seq_len, window, sizes, starts):
+  q, k, v, log_f, do = make_inputs(seq_len, 1, seq_len, 2, 16)
+  seg = segments_from_starts(1, seq_len, starts) if starts else None
+  o_ref, g_ref = value_and_grads("reference", q, k, v, log_f, do, segment_ids=seg, window=window)
+  o, g = value_and_grads(impl, q, k, v, log_f, do, segment_ids=seg, block_sizes=sizes,
+                         window=window)
+  np.testing.assert_allclose(o, o_ref, atol=1e-5, rtol=1e-5)
+  for name, a, b in zip(("dq", "dk", "dv", "dlog_fgate"), g, g_ref):
+    np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("impl", ["reference"] + BACKENDS)
+def test_window_covering_the_sequence_is_no_window(impl):
+  q, k, v, log_f, _ = make_inputs(6, 1, 20, 2, 16)
+  run = lambda window: forgetting_attention(q, k, v, log_f, impl=impl, window=window,
+                                            interpret=INTERPRET.get(impl, False),
+                                            block_sizes=BlockSizes(16, 16))
+  full = run(None)
+  for window in (20, 1000):
+    np.testing.assert_array_equal(run(window), full)
+  if impl == "reference":
+    assert not np.allclose(run(19), full)  # one key fewer for the last query
+
+
+@pytest.mark.parametrize("impl", BACKENDS)
+@pytest.mark.parametrize("window", [8, 20])
+def test_tiles_outside_the_window_are_not_computed(impl, window):
+  """NaN inputs in tiles wholly outside every window of a block stay out of its results.
+
+  A computed tile multiplies its (masked, zero) probabilities by v, dO or the rows' delta, and
+  0 * NaN = NaN; the reference, which masks every tile and skips none, is the control. Batch 0
+  poisons k and v in key block 0: the forward and dq sweeps of query blocks starting at
+  block + window - 1 or later must skip it. Batch 1 poisons q and dO in the last query block:
+  the dk/dv sweeps of key blocks whose last key leaves the window before it,
+  k_start + 2 block + window - 2 < T, must stop short of it.
+  """
+  block, seq_len = 16, 64
+  q, k, v, log_f, do = make_inputs(7, 2, seq_len, 1, 16)
+  k, v = (x.at[0, :block].set(jnp.nan) for x in (k, v))
+  q, do = (x.at[1, -block:].set(jnp.nan) for x in (q, do))
+  starts = np.arange(0, seq_len, block)
+  query_rows = np.repeat(starts >= block + window - 1, block)
+  key_rows = np.repeat(starts + 2 * block + window - 2 < seq_len, block)
+  assert query_rows.any() and key_rows.any()
+
+  def finite(impl):  # o, dq, dk, dv: all finite in the rows whose tiles must be skipped?
+    o, (dq, dk, dv, _) = value_and_grads(impl, q, k, v, log_f, do, window=window,
+                                         block_sizes=BlockSizes(block, block))
+    rows = lambda x, b, which: bool(np.isfinite(np.asarray(x[b])[which]).all())
+    return (rows(o, 0, query_rows), rows(dq, 0, query_rows), rows(dk, 1, key_rows),
+            rows(dv, 1, key_rows))
+
+  assert finite("reference") == (False,) * 4
+  assert finite(impl) == (True,) * 4
+
+
+def test_window_is_checked():
+  q, k, v, log_f, _ = make_inputs(0, 1, 8, 2, 8)
+  for window in (0, -3, 2.0, True, "4"):
+    with pytest.raises(ValueError, match="window must be None or an int >= 1"):
+      forgetting_attention(q, k, v, log_f, window=window)
+  with pytest.raises(ValueError, match="window must be a static Python int"):
+    jax.jit(lambda w: forgetting_attention(q, k, v, log_f, window=w))(4)
+  with pytest.raises(ValueError, match="window must be a static Python int"):
+    forgetting_attention(q, k, v, log_f, window=jnp.int32(4))
+  forgetting_attention(q, k, v, log_f, window=np.int64(4))  # a numpy int is static
 
 
 def test_bad_inputs_raise_clear_errors():

@@ -43,10 +43,10 @@ def pretend_gpu(monkeypatch):
   monkeypatch.setattr(pallas_gpu, "on_gpu", lambda: True)
 
 
-def loss_and_grads(prune_epsilon=None, segments=False):
+def loss_and_grads(prune_epsilon=None, segments=False, window=None):
   def loss(q, k, v, log_f, seg):
     o = forgetting_attention(q, k, v, log_f, segment_ids=seg if segments else None, impl="pallas",
-                             prune_epsilon=prune_epsilon)
+                             prune_epsilon=prune_epsilon, window=window)
     return jnp.sum(o.astype(jnp.float32))
   return jax.grad(loss, argnums=(0, 1, 2, 3))
 
@@ -73,6 +73,14 @@ def test_pruning_segments_and_padding_lower(head_dim):
   # 200 is not a multiple of any block; pruning adds a lax.cond to every off-diagonal loop.
   text = lower_for_cuda(loss_and_grads(prune_epsilon=1e-4, segments=True),
                         *specs(200, head_dim, jnp.bfloat16))
+  assert triton_kernel_count(text) == 3
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_window_lowers(head_dim):
+  # A window adds band-masked loops with traced bounds to every sweep, next to pruning's conds.
+  text = lower_for_cuda(loss_and_grads(prune_epsilon=1e-4, segments=True, window=100),
+                        *specs(300, head_dim, jnp.bfloat16))
   assert triton_kernel_count(text) == 3
 
 

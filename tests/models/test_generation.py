@@ -23,11 +23,13 @@ def build(family, **fields):
   return family, model, jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
 
 
-@pytest.mark.parametrize("family", ["fox", "transformer"])
-@pytest.mark.parametrize("block", ["llama", "pro"])
-@pytest.mark.parametrize("impl", ["reference", "xla"])
-def test_decode_steps_equal_full_forward(family, block, impl):
-  _, model, params = build(family, block=block, attention_impl=impl)
+CASES = [(family, block, "xla", None) for family in ("fox", "transformer") for block in ("llama", "pro")]
+CASES += [("fox", "pro", "reference", None), ("fox", "llama", "xla", 3)]  # 3: sliding-window attention
+
+
+@pytest.mark.parametrize("family,block,impl,window", CASES)
+def test_decode_steps_equal_full_forward(family, block, impl, window):
+  _, model, params = build(family, block=block, attention_impl=impl, attention_window=window)
   rng = np.random.default_rng(0)
   full = rng.integers(0, 48, (3, 14)).astype(np.int32)
   segments = np.zeros((3, 14), np.int32)

@@ -147,3 +147,21 @@ def test_fox_prune_epsilon_reaches_the_kernel(monkeypatch):
   assert seen[-1] == 1e-6 and seen[0] is None
   with pytest.raises(ValueError, match="model.prune_epsilon"):
     dataclasses.replace(model.config, prune_epsilon=2.0)
+
+
+def test_attention_window_bounds_what_a_position_sees():
+  """FoX, one layer, window 4: the logits at t depend on tokens t-3..t only (LLaMA block: no
+  KV-shift to widen the reach), and a change reaches exactly the 4 positions from itself.
+  The transformer family shares the field and the attention layer."""
+  fam = models.get("fox")
+  cfg = fam.config_cls(vocab_size=50, d_model=32, num_layers=1, num_heads=4, mlp_multiple_of=32,
+                       attention_impl="xla", attention_window=4)
+  model = fam.build(cfg)
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 50, size=(1, 24)))
+  params = model.init(jax.random.PRNGKey(0), tokens)
+  apply = jax.jit(model.apply)
+  logits, changed = apply(params, tokens), apply(params, tokens.at[:, 5].add(7) % 50)
+  moved = np.abs(np.asarray(changed - logits)).max(axis=(0, 2)) > 1e-6
+  np.testing.assert_array_equal(np.flatnonzero(moved), [5, 6, 7, 8])
+  with pytest.raises(ValueError, match="model.attention_window"):
+    dataclasses.replace(cfg, attention_window=0)

@@ -11,16 +11,14 @@ depend on them.
 """
 
 import argparse
-import os
-import platform
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from results_file import write_results
 
 from lpcjax import models
-from lpcjax.files import write_json_atomic
 from lpcjax.generation import GREEDY, _decode_jit, _prefill_jit
 
 SIZES = dict(vocab_size=50257, d_model=128, num_layers=4, num_heads=4, mlp_multiple_of=64, tie_embeddings=True)
@@ -78,11 +76,7 @@ def main():
       rows.append(row)
       print(f"{name:>12} {prompt_len:>7} {row['cached_tokens_per_s']:>13.1f} {row['recompute_tokens_per_s']:>16.2f} "
             f"{row['speedup']:>8.1f}x {per_token:>14.0f}")
-  backend = jax.default_backend()
-  out = args.out or os.path.join(os.path.dirname(__file__), "results", f"decode_{backend}.json")
-  write_json_atomic(out, {"backend": backend, "device": str(jax.devices()[0]), "machine": platform.node(),
-                          "jax": jax.__version__, "model": SIZES, "batch": 1, "rows": rows})
-  print(f"wrote {out}")
+  write_results("decode", {"model": SIZES, "batch": 1, "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

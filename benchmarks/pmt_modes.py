@@ -14,16 +14,14 @@ neighbourhood layers after it use a dense masked attention (O(K²), the same in 
 
 import argparse
 import dataclasses
-import os
-import platform
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from results_file import write_results
 
-from lpcjax.files import write_json_atomic
-from lpcjax.layers.pma import PMAConfig, PMAStack
+from lpcjax.layers.pma import PMAStack
 from lpcjax.models import PMTConfig
 
 BASE = PMTConfig(d_model=64, num_heads=4, num_blocks=3, num_slots=1, dropout=0.0)
@@ -73,12 +71,7 @@ def main():
         rows.append(row)
         print(f"{k:>6} {window:>5} {row['mode']:>10} {row['forward_ms']:>9.1f} "
               f"{row['forward_temp_mib']:>9.1f} {row['gradient_ms']:>9.1f} {row['gradient_temp_mib']:>9.1f}")
-  backend = jax.default_backend()
-  out = args.out or os.path.join(os.path.dirname(__file__), "results", f"pmt_modes_{backend}.json")
-  write_json_atomic(out, {"backend": backend, "device": str(jax.devices()[0]), "machine": platform.node(),
-                          "jax": jax.__version__, "batch": args.batch, "model": dataclasses.asdict(BASE),
-                          "rows": rows})
-  print(f"wrote {out}")
+  write_results("pmt_modes", {"batch": args.batch, "model": dataclasses.asdict(BASE), "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ the time-series encoders' one (``series``) linear and cue-retention probes on fr
 
 from .evaluator import evaluate_run, evaluator_options, evaluators_of
 from .language_model import LanguageModelEvaluator
-from .needle import needle_example, needle_grid, score_answers
+from .needle import needle_example, needle_grid, score_answers, score_generated
 from .per_token import context_lengths, per_token_losses, sequence_logits, summarize
 from .recall import recall_by_distance
 from .runs import LoadedRun, RunError, load_run
@@ -12,4 +12,4 @@ from .series import SeriesEvaluator
 
 __all__ = ["LanguageModelEvaluator", "LoadedRun", "RunError", "SeriesEvaluator", "context_lengths", "evaluate_run", "evaluator_options", "evaluators_of",
            "load_run", "needle_example", "needle_grid", "per_token_losses", "recall_by_distance",
-           "score_answers", "sequence_logits", "summarize"]
+           "score_answers", "score_generated", "sequence_logits", "summarize"]

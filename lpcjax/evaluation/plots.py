@@ -22,7 +22,8 @@ def windowed_mean(curve, counts, window):
   return np.arange(window, len(counts) + 1) - (window - 1) / 2, means  # positions (1-based) at window centres
 
 
-def _finish(fig, ax, path, xlabel, ylabel):
+def finish_plot(fig, ax, path, xlabel, ylabel):
+  """Labels, grid, legend, then save the figure at ``path`` and close it."""
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
@@ -58,7 +59,7 @@ def plot_per_token(runs, path, window=64, log_x=False):
   if log_x:
     ax.set_xscale("log")
   ax.set_title("Per-token loss")
-  _finish(fig, ax, path, "token position (dotted: training length; band: ±1 standard error over sequences)",
+  finish_plot(fig, ax, path, "token position (dotted: training length; band: ±1 standard error over sequences)",
           f"loss over the scored tokens of {window} positions")
   return True
 
@@ -71,7 +72,7 @@ def plot_perplexity(runs, path):
     lengths = sorted(int(k) for k, cell in cells.items() if cell["perplexity"] is not None)
     ax.plot(lengths, [cells[str(n)]["perplexity"] for n in lengths], "o-", label=label)
   ax.set_xscale("log", base=2)
-  _finish(fig, ax, path, "context length L", "perplexity over the first L tokens")
+  finish_plot(fig, ax, path, "context length L", "perplexity over the first L tokens")
 
 
 def plot_recall(runs, path):
@@ -86,7 +87,7 @@ def plot_recall(runs, path):
                   xytext=(0, 5), ha="center")
   ax.set_xscale("log", base=2)
   ax.set_ylim(-0.05, 1.1)
-  _finish(fig, ax, path, "distance from key to query (tokens, bucket start)", "recall accuracy")
+  finish_plot(fig, ax, path, "distance from key to query (tokens, bucket start)", "recall accuracy")
 
 
 def plot_needle(grid, lengths, depths, path, title="Needle in a haystack"):

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from lpcjax import data
+from lpcjax.data import DataError
 from lpcjax.files import write_json_atomic
 from lpcjax.training.steps import init_variables
 
@@ -65,6 +66,12 @@ class SeriesEvaluator:
       return {name: np.concatenate([o[name] for o in out]) for name in ("cls", "tokens", "token_valid", "memories")}
 
     probes = set(options.probes.split(","))
+    unknown = probes - {"linear", "cue"}
+    if unknown:
+      raise DataError(f"--probes: unknown probe {sorted(unknown)[0]!r}; choose linear, cue")
+    if "linear" in probes and len(np.unique(splits["train"].labels)) < 2:
+      raise DataError(f"linear probe: the training labels of {config.data.train_file} have one class; "
+                      "pre-training ignores labels, the probe needs two (--probes cue)")
     if "linear" in probes:
       train, test = features(splits["train"].x), features(splits["eval"].x)
       result["linear"] = series_probes.linear_probe(
@@ -95,7 +102,8 @@ class SeriesEvaluator:
                                       os.path.join(out_dir, "probe_accuracy.png"))
     curves = {r["label"]: {float(g): (c["auc"], c["auc_std"]) for g, c in r["cue"].items()}
               for r in results if "cue" in r}
-    series_probes.plot_cue_auc(curves, os.path.join(out_dir, "cue_auc.png"))
+    series_probes.plot_cue_auc(curves, os.path.join(out_dir, "cue_auc.png"),
+                               gap_label="gap: windows between the cue's end and the final window")
 
   def report(self, result):
     lines = [f"{result['label']} (step {result['step']}): {result['train_series']} training / "

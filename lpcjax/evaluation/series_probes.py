@@ -17,6 +17,7 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.svm import LinearSVC  # noqa: E402
 
 from ..data.subsets import stratified_subset  # noqa: E402
+from .plots import finish_plot  # noqa: E402
 
 CLASSIFIERS = ("svm", "logistic")
 
@@ -149,19 +150,14 @@ def _nothing_to_plot(fig, path):
 
 def _save(fig, ax, path, title, xlabel, ylabel):
   ax.set_title(title)
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  finish_plot(fig, ax, path, xlabel, ylabel)
   return path
 
 
-def plot_cue_auc(curves, path):
-  """curves: {model label: {gap ratio: (auc mean, auc std)}}. EOS AUC against the gap, one line
-  per model. Returns path, or None (writing nothing) when no curve has a finite point."""
+def plot_cue_auc(curves, path, gap_label="gap ratio (cue end to series end, fraction of length)"):
+  """curves: {model label: {gap: (auc mean, auc std)}}. EOS AUC against the gap (in the units
+  ``gap_label`` names), one line per model. Returns path, or None (writing nothing) when no
+  curve has a finite point."""
   fig, ax = plt.subplots(figsize=(6, 4))
   drawn = False
   for label, curve in (curves or {}).items():
@@ -174,8 +170,7 @@ def plot_cue_auc(curves, path):
     return _nothing_to_plot(fig, path)
   ax.axhline(0.5, color="gray", linestyle=":", label="chance")
   ax.set_ylim(0.4, 1.02)
-  return _save(fig, ax, path, "Cue retention (EOS probe)", "gap ratio (cue end to series end, fraction of length)",
-               "ROC-AUC (mean ± std over seeds)")
+  return _save(fig, ax, path, "Cue retention (EOS probe)", gap_label, "ROC-AUC (mean ± std over seeds)")
 
 
 def plot_probe_accuracy(results, path):

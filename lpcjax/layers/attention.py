@@ -180,13 +180,13 @@ def cached_attention(q, k, v, log_fgate, cache, context, window=None):
   q.k_j / sqrt(D) + c_p - c_j, in float32. Returns (o [batch, 1, heads, head_dim], cache)."""
   position = context["lengths"]
   batch, max_len, heads = cache["k"].shape[:3]
-  here = (jnp.arange(max_len)[None, :] == position[:, None])  # [batch, max_len]
-  cache = {**cache, "k": jnp.where(here[..., None, None], k.astype(cache["k"].dtype), cache["k"]),
-           "v": jnp.where(here[..., None, None], v.astype(cache["v"].dtype), cache["v"])}
+  # one row at a time, in place: the step writes O(1) positions, not the whole cache
+  write = jax.vmap(lambda row, new, p: jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), p, axis=0))
+  cache = {**cache, "k": write(cache["k"], k, position), "v": write(cache["v"], v, position)}
   if "c" in cache:
     previous_c = jnp.take_along_axis(cache["c"], jnp.maximum(position - 1, 0)[:, None, None], axis=1)
     c_new = previous_c + log_fgate  # [batch, 1, heads]
-    cache["c"] = jnp.where(here[..., None], c_new, cache["c"])
+    cache["c"] = write(cache["c"], c_new, position)
     decay = c_new[:, 0, :, None] - jnp.swapaxes(cache["c"], 1, 2)  # [batch, heads, max_len]
   else:
     decay = jnp.zeros((batch, heads, max_len), jnp.float32)

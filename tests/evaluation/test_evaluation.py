@@ -11,10 +11,8 @@ import pytest
 from lpcjax import models
 from lpcjax.data import DataError, load_gpt2_tokenizer
 from lpcjax.evaluation import (LanguageModelEvaluator, RunError, context_lengths, evaluate_run, evaluator_options,
-                               load_run,
-                               needle_example, needle_grid, per_token_losses, recall_by_distance, score_answers,
-                               score_generated,
-                               summarize)
+                               load_run, needle_example, needle_grid, per_token_losses, recall_by_distance,
+                               score_answers, score_generated, summarize)
 from lpcjax.evaluation.per_token import confidence_band, roll_batch
 from lpcjax.sharding import make_mesh
 from lpcjax.training import train
@@ -255,3 +253,17 @@ def test_needle_plot_of_one_length_keeps_its_title(tmp_path):
   plot_needle(np.ones((11, 1)), [1024], [i / 10 for i in range(11)], str(tmp_path / "needle.png"), title=title)
   height, width, _ = matplotlib.image.imread(str(tmp_path / "needle.png")).shape
   assert width >= 5.5 * 120  # wide enough for the title, however few the lengths
+
+
+def test_needle_generated_answers_agree_with_teacher_forced(shared_data, tmp_path):
+  """eval.py --needle --needle-mode both on a tiny text run: greedy cached decoding reproduces
+  the answer exactly when every teacher-forced argmax does, so the two grids are equal."""
+  essay = str(shared_data / "paul_graham_essays" / "addiction.txt")
+  cfg = tiny_experiment(tmp_path, "data.kind=text", f"data.train_files={essay}", f"data.eval_files={essay}",
+                        f"data.tokenizer_file={shared_data / 'gpt2.tiktoken'}", "model.vocab_size=50257",
+                        "data.seq_len=64", "train.steps=2", "train.warmup_steps=1", "train.eval_batches=1")
+  run_dir, _ = train(cfg, progress=False)
+  result = evaluate_run(run_dir, needle=True, needle_mode="both", needle_lengths=[160], haystack=[essay],
+                        max_sequences=8, eval_len=64, progress=False)
+  assert np.array(result["needle_generated"]["accuracy"]).shape == (len(result["needle"]["depths"]), 1)
+  assert result["needle_generated"]["accuracy"] == result["needle"]["accuracy"]

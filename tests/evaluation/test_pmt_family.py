@@ -72,3 +72,17 @@ def test_series_shorter_than_a_patch_is_a_one_line_error(tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert code != 0 and "shorter than one patch" in err and len(err.splitlines()) == 1
   assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_probe_of_a_one_class_file_is_a_one_line_error(tmp_path, capsys):
+  path = tmp_path / "one_class.npz"
+  write_npz(path, 12, 0)
+  arrays = dict(np.load(path))
+  np.savez(path, x=arrays["x"], y=np.zeros(12, int))
+  overrides = TINY + [f"data.train_file={path}", "train.steps=1", f"train.run_dir={tmp_path / 'runs'}",
+                      "train.run_name=one"]
+  assert cli("train")(["--config", "pmt:tiny", *overrides]) == 0  # pre-training ignores labels
+  capsys.readouterr()
+  assert cli("eval")(["--run", str(tmp_path / "runs" / "one"), "--probes", "linear"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "have one class" in err and len(err.splitlines()) == 1

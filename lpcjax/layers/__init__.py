@@ -3,6 +3,9 @@
 from .attention import ForgettingAttention, KVShift
 from .common import RMSNorm
 from .forget_gate import ForgetGate, geometric_timescales, timescale_bias
+from .lpcsm import (MHC, MHCConfig, ONT, ONTConfig, ControllerConfig, DualTimescaleMemory, MemoryConfig,
+                    SparseController, causal_standardize, collapse_streams, expand_streams, linear_recurrence,
+                    ont_write, sinkhorn)
 from .mlp import SwiGLU, swiglu_hidden_size
 from .pma import EncoderLayer, OverlapAggregator, PMABlock, PMAConfig, PMAStack
 from .rope import apply_rope, segment_positions
@@ -10,4 +13,7 @@ from .sith import SITHCompressor, sith_filters, sith_peaks
 
 __all__ = ["EncoderLayer", "ForgettingAttention", "KVShift", "OverlapAggregator", "PMABlock", "PMAConfig", "PMAStack",
            "RMSNorm", "ForgetGate", "geometric_timescales", "timescale_bias", "SwiGLU", "swiglu_hidden_size",
-           "apply_rope", "segment_positions", "SITHCompressor", "sith_filters", "sith_peaks"]
+           "apply_rope", "segment_positions", "SITHCompressor", "sith_filters", "sith_peaks",
+           "MHC", "MHCConfig", "ONT", "ONTConfig", "ControllerConfig", "DualTimescaleMemory", "MemoryConfig",
+           "SparseController", "causal_standardize", "collapse_streams", "expand_streams", "linear_recurrence",
+           "ont_write", "sinkhorn"]

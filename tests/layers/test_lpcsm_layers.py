@@ -1,0 +1,261 @@
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from lpcjax.layers.lpcsm import (MHC, ONT, ControllerConfig, DualTimescaleMemory, MemoryConfig, MHCConfig, ONTConfig,
+                                 SparseController, causal_standardize, collapse_streams, expand_streams,
+                                 linear_recurrence, ont_write, sinkhorn)
+
+
+def _normal(seed, shape):
+  return jax.random.normal(jax.random.PRNGKey(seed), shape)
+
+
+def _push(params, loss_fn, sign, steps=60, lr=1.0):
+  """Adam steps that minimise sign · loss_fn(params) hard."""
+  opt = optax.adam(lr)
+  state = opt.init(params)
+  grad_fn = jax.jit(jax.grad(lambda p: sign * loss_fn(p)))
+  for _ in range(steps):
+    updates, state = opt.update(grad_fn(params), state)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+# ----------------------------------------------------------------------------- Sinkhorn / mHC
+
+
+@pytest.mark.parametrize("scale", [1.0, 5.0])
+def test_sinkhorn_is_doubly_stochastic(scale):
+  p = sinkhorn(scale * _normal(0, (3, 5, 5)), iterations=50)
+  np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(p.sum(-2), 1.0, atol=1e-5)
+  assert (p >= 0).all()
+
+
+class _Block(nn.Module):
+  """A sub-layer F = tanh(Dense(h)) wrapped by MHC."""
+
+  config: MHCConfig
+
+  @nn.compact
+  def __call__(self, x):
+    dense = nn.Dense(x.shape[-1], name="f")
+    return MHC(self.config, name="mhc")(x, lambda h: jnp.tanh(dense(h))), dense
+
+
+def test_mhc_one_stream_is_a_plain_residual_block():
+  x = _normal(0, (2, 7, 1, 8))
+  block = _Block(MHCConfig(num_streams=1))
+  params = block.init(jax.random.PRNGKey(1), x)
+  out = block.apply(params, x)[0]
+  f = nn.Dense(8)
+  expected = x[:, :, 0] + jnp.tanh(f.apply({"params": params["params"]["f"]}, x[:, :, 0]))
+  np.testing.assert_array_equal(out[:, :, 0], expected)
+  np.testing.assert_array_equal(collapse_streams(out), out[:, :, 0])
+
+
+def test_mhc_identity_init_with_copied_streams_is_a_residual_block():
+  x = _normal(0, (2, 7, 8))
+  block = _Block(MHCConfig(num_streams=4))
+  params = block.init(jax.random.PRNGKey(1), expand_streams(x, 4))
+  out = block.apply(params, expand_streams(x, 4))[0]
+  expected = x + jnp.tanh(nn.Dense(8).apply({"params": params["params"]["f"]}, x))
+  np.testing.assert_allclose(collapse_streams(out), expected, atol=1e-5)
+
+
+def test_mhc_streams_shapes_and_gradients():
+  n = 3
+  x = _normal(0, (2, 5, n, 8))  # distinct streams
+  block = _Block(MHCConfig(num_streams=n))
+  params = block.init(jax.random.PRNGKey(1), x)
+  out = block.apply(params, x)[0]
+  assert out.shape == x.shape
+  weights = _normal(2, x.shape)
+  grads = jax.jit(jax.grad(lambda p: jnp.sum(block.apply(p, x)[0] * weights)))(params)["params"]["mhc"]
+  for name in ("pre_logits", "post_logits", "res_logits"):
+    g = nn.meta.unbox(grads[name])
+    assert g.shape[0] == n and np.all(np.isfinite(g)) and np.abs(g).max() > 0, name
+  with pytest.raises(ValueError):
+    block.apply(params, _normal(0, (2, 5, n + 1, 8)))
+
+
+# ----------------------------------------------------------------------------- ONT
+
+
+def test_ont_write_keeps_parallel_and_scales_orthogonal():
+  w, s = _normal(0, (4, 16)), _normal(1, (4, 16))
+  kappa = 2.5
+  out = ont_write(w, s, kappa)
+  unit = s / jnp.linalg.norm(s, axis=-1, keepdims=True)
+
+  def split(v):
+    par = jnp.sum(v * unit, -1, keepdims=True) * unit
+    return par, v - par
+
+  (wp, wo), (op, oo) = split(w), split(out)
+  np.testing.assert_allclose(op, wp, atol=1e-5)
+  np.testing.assert_allclose(oo, kappa * wo, atol=1e-5)
+  np.testing.assert_allclose(ont_write(w, jnp.zeros_like(s), kappa), kappa * w, atol=1e-6)  # empty state: all novel
+
+
+def test_ont_module_disabled_is_plain_write_and_kappa_stays_bounded():
+  w, s = _normal(0, (4, 16)), _normal(1, (4, 16))
+  plain = ONT(ONTConfig(enabled=False))
+  assert plain.init(jax.random.PRNGKey(0), w, s) == {}
+  np.testing.assert_array_equal(plain.apply({}, w, s), w)
+
+  cfg = ONTConfig(kappa_max=4.0, kappa_init=2.0)
+  ont = ONT(cfg)
+  params = nn.meta.unbox(ont.init(jax.random.PRNGKey(0), w, s))
+
+  def kappa(p):
+    return 1.0 + (cfg.kappa_max - 1.0) * jax.nn.sigmoid(p["params"]["kappa_logit"])
+
+  np.testing.assert_allclose(kappa(params), 2.0, rtol=1e-6)
+
+  def size(p):  # norm of the amplified write grows with κ
+    return jnp.sum(ont.apply(p, w, s) ** 2)
+
+  for sign in (1.0, -1.0):  # push κ down, then up, far past the bounds
+    pushed = _push(params, size, sign)
+    k = float(kappa(pushed))
+    assert 1.0 <= k <= cfg.kappa_max
+    assert (k < 1.1) if sign > 0 else (k > 3.9)  # sign > 0 minimises
+
+
+# ----------------------------------------------------------------------------- memory
+
+MEM = MemoryConfig(d_model=8, memory_dim=6, chunk_size=4, read_init_std=0.3)
+
+
+def _memory(cfg=MEM, seq=16, seed=0):
+  x = _normal(seed, (2, seq, cfg.d_model))
+  layer = DualTimescaleMemory(cfg)
+  return layer, nn.meta.unbox(layer.init(jax.random.PRNGKey(1), x)), x
+
+
+def test_memory_starts_at_zero_reads():
+  layer, params, x = _memory(MemoryConfig(d_model=8, memory_dim=6, chunk_size=4))
+  reads, state = layer.apply(params, x)
+  assert reads.shape == x.shape and state["fast"].shape == (2, 6) and state["slow"].shape == (2, 6)
+  np.testing.assert_array_equal(reads, 0.0)
+
+
+@pytest.mark.parametrize("slow,ont", [(True, True), (True, False), (False, False)])
+def test_memory_is_causal_per_chunk(slow, ont):
+  cfg = MemoryConfig(d_model=8, memory_dim=6, chunk_size=4, read_init_std=0.3, slow=slow, ont=ont)
+  layer, params, x = _memory(cfg)
+  base = layer.apply(params, x)[0]
+  for t in (0, 5, 11):
+    end = (t // cfg.chunk_size + 1) * cfg.chunk_size  # positions < end are in chunks ≤ t's chunk
+    changed = layer.apply(params, x.at[:, t].add(3.0))[0]
+    np.testing.assert_array_equal(changed[:, :end], base[:, :end])
+    assert np.abs(changed[:, end:] - base[:, end:]).min() > 0  # and every later read sees it
+
+
+@pytest.mark.parametrize("slow,ont", [(True, True), (False, False)])
+def test_memory_streaming_matches_one_pass(slow, ont):
+  cfg = MemoryConfig(d_model=8, memory_dim=6, chunk_size=4, read_init_std=0.3, slow=slow, ont=ont)
+  layer, params, x = _memory(cfg, seq=24)
+  full, full_state = layer.apply(params, x)
+  state, pieces = None, []
+  for start, stop in ((0, 4), (4, 12), (12, 16), (16, 24)):
+    reads, state = layer.apply(params, x[:, start:stop], state)
+    pieces.append(reads)
+  np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5)
+  for key in full_state:
+    np.testing.assert_allclose(state[key], full_state[key], atol=1e-5)
+
+
+def test_memory_states_match_a_naive_loop():
+  layer, params, x = _memory(seq=20)
+  _, state = layer.apply(params, x)
+  p = params["params"]
+  c = x.reshape(2, 5, 4, 8).mean(2) @ p["summary"]["kernel"]
+  a = jax.nn.sigmoid(p["fast_decay_logit"])
+  lam = jax.nn.sigmoid(p["slow_decay_logit"])
+  kappa = 1.0 + 3.0 * jax.nn.sigmoid(p["kappa_logit"])
+  fast = slow = jnp.zeros((2, 6))
+  for k in range(5):
+    fast = a * fast + (1 - a) * c[:, k]
+    if k == 0:  # zero state: the whole summary is novel
+      par = jnp.zeros_like(slow)
+    else:
+      unit = slow / jnp.linalg.norm(slow, axis=-1, keepdims=True)
+      par = jnp.sum(c[:, k] * unit, -1, keepdims=True) * unit
+    slow = lam * slow + (1 - lam) * (par + kappa * (c[:, k] - par))
+  np.testing.assert_allclose(state["fast"], fast, atol=1e-5)
+  np.testing.assert_allclose(state["slow"], slow, atol=1e-5)
+
+
+def test_linear_recurrence_matches_a_loop():
+  decay = jax.nn.sigmoid(_normal(0, (3, 9, 5)))
+  inputs, initial = _normal(1, (3, 9, 5)), _normal(2, (3, 5))
+  out = linear_recurrence(decay, inputs, initial)
+  s, expected = initial, []
+  for k in range(9):
+    s = decay[:, k] * s + inputs[:, k]
+    expected.append(s)
+  np.testing.assert_allclose(out, jnp.stack(expected, 1), atol=1e-5)
+
+
+def test_memory_rejects_unaligned_length():
+  layer, params, x = _memory()
+  with pytest.raises(ValueError, match="multiple of chunk_size"):
+    layer.apply(params, x[:, :6])
+
+
+# ----------------------------------------------------------------------------- controller
+
+
+def test_causal_standardize_ignores_the_future():
+  r = _normal(0, (2, 12))
+  z = causal_standardize(r)
+  np.testing.assert_allclose(z[:, :7], causal_standardize(r[:, :7]), atol=1e-6)
+  assert np.all(z[:, 0] == 0)
+
+
+def _controller(cfg=ControllerConfig()):
+  e = _normal(0, (4, 64, 8)) * jnp.exp(_normal(1, (4, 64, 1)))
+  ctrl = SparseController(cfg)
+  return ctrl, nn.meta.unbox(ctrl.init(jax.random.PRNGKey(0), e)), e
+
+
+def test_controller_mask_is_binary_and_gradients_reach_scale_and_bias():
+  ctrl, params, e = _controller()
+  mask, p, ratio, aux = ctrl.apply(params, e)
+  assert mask.shape == p.shape == (4, 64)
+  assert set(np.unique(np.asarray(mask))) <= {0.0, 1.0}
+  np.testing.assert_array_equal(mask, (p > 0.5).astype(mask.dtype))
+  np.testing.assert_allclose(ratio, 0.2, rtol=1e-6)
+  assert 0.05 < float(jnp.mean(mask)) < 0.5 and np.isfinite(aux)
+  weights = _normal(3, mask.shape)
+  grads = jax.jit(jax.grad(lambda q: jnp.sum(ctrl.apply(q, e)[0] * weights)))(params)["params"]
+  for name in ("scale", "bias", "ratio_logit"):
+    assert np.abs(grads[name]) > 0, name
+
+
+def test_controller_ratio_stays_in_bounds():
+  cfg = ControllerConfig(ratio_min=0.05, ratio_max=0.5)
+  ctrl, params, e = _controller(cfg)
+  for sign in (-1.0, 1.0):
+    pushed = _push(params, lambda q: ctrl.apply(q, e)[2], sign)
+    ratio = float(ctrl.apply(pushed, e)[2])
+    assert cfg.ratio_min <= ratio <= cfg.ratio_max
+    assert (ratio < 0.06) if sign > 0 else (ratio > 0.49)
+
+
+def test_fixed_ratio_gets_no_gradient():
+  ctrl, params, e = _controller(ControllerConfig(learn_ratio=False))
+  weights = _normal(3, (4, 64))
+
+  def loss(q):
+    mask, _, ratio, aux = ctrl.apply(q, e)
+    return jnp.sum(mask * weights) + ratio + aux
+
+  grads = jax.grad(loss)(params)["params"]
+  assert grads["ratio_logit"] == 0 and np.abs(grads["bias"]) > 0

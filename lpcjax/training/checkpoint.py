@@ -9,6 +9,7 @@ step that exists, so a failed or interrupted run never replaces a good checkpoin
 """
 
 import os
+import re
 
 import grain
 import jax
@@ -29,6 +30,26 @@ def latest_checkpoint_step(run_dir):
 
 def has_checkpoint(run_dir):
   return latest_checkpoint_step(run_dir) is not None
+
+
+def tree_mismatch(error):
+  """A one-line description of a failed restore whose saved tree differs from the model's (e.g.
+  a checkpoint written by another version of the model code), or None for any other error.
+  Orbax lists every differing subtree over pages; this names the first, preferring params."""
+  shapes = re.search(r"Requested shape: (\([^)]*\)) is not compatible with the stored shape: (\([^)]*\))",
+                     str(error))
+  if shapes:
+    return (f"the checkpoint does not match the model built from config.json (an array of shape {shapes[2]} "
+            f"where the model needs {shapes[1]}); was it written by another version of the model code?")
+  found = re.findall(r"^(\S+):\n\s+- Source: (MISSING)?.*\n\s+- Target: (MISSING)?", str(error), re.M)
+  if not found:
+    return None
+  found.sort(key=lambda item: not item[0].startswith("params"))
+  path, model_missing, saved_missing = found[0]  # Orbax's "source" is the model's tree
+  side = ("the checkpoint lacks it" if saved_missing else
+          "the model has no such entry" if model_missing else "its shape or type differs")
+  return (f"the checkpoint does not match the model built from config.json ({len(found)} differing entries; first: "
+          f"{path}: {side}); was it written by another version of the model code?")
 
 
 def _saved_fields(state):

@@ -40,7 +40,8 @@ from lpcjax.files import write_json_atomic
 from lpcjax.sharding import check_divisible, make_mesh, rules_from_config
 
 from .checkpoint import Checkpointer, latest_checkpoint_step
-from .runs import RunError, check_same_structure, num_params, parse_run_spec, read_config, restore_state
+from .runs import (RunError, check_same_structure, num_params, parse_run_spec, read_config, restore_checked,
+                   restore_state)
 from .steps import create_train_state, eval_step, make_optimizer, state_shardings, step_rng, train_step
 
 
@@ -271,7 +272,7 @@ def initial_state(family, model, config, run_dir, start, data, checkpointer, abs
   """The checkpoint ``start`` when resuming (not None), else a new state (from
   ``train.init_from``'s weights if set), whose config is written to the run directory."""
   if start is not None:
-    return checkpointer.restore(abstract, shardings, data.train, step=start)
+    return restore_checked(checkpointer, run_dir, abstract, shardings, data.train, step=start)
   state = create_train_state(family, model, config, optimizer, shardings)
   if config.train.init_from:
     params, mutable = weights_from_run(config.train.init_from, abstract, shardings, mesh, rules)

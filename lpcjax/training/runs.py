@@ -13,7 +13,7 @@ import numpy as np
 from lpcjax import config as config_lib
 from lpcjax import models
 
-from .checkpoint import Checkpointer, has_checkpoint
+from .checkpoint import Checkpointer, has_checkpoint, tree_mismatch
 from .steps import make_optimizer, state_shardings
 
 
@@ -49,10 +49,22 @@ def restore_state(run_dir, mesh, rules, step=None):
     steps = checkpointer.all_steps()
     if step is not None and step not in steps:
       raise RunError(f"{run_dir}: no checkpoint at step {step}; it has {', '.join(map(str, steps))}")
-    state = checkpointer.restore(abstract, shardings, step=step)
+    state = restore_checked(checkpointer, run_dir, abstract, shardings, step=step)
   finally:
     checkpointer.close()
   return config, family, model, state
+
+
+def restore_checked(checkpointer, run_dir, *args, **kwargs):
+  """``checkpointer.restore(*args, **kwargs)``, with a one-line RunError when the checkpoint's
+  tree does not match the model's (see ``tree_mismatch``)."""
+  try:
+    return checkpointer.restore(*args, **kwargs)
+  except ValueError as error:
+    mismatch = tree_mismatch(error)
+    if mismatch is None:
+      raise
+    raise RunError(f"{run_dir}: {mismatch}") from None
 
 
 def parse_run_spec(spec):

@@ -267,3 +267,19 @@ def test_needle_generated_answers_agree_with_teacher_forced(shared_data, tmp_pat
                         max_sequences=8, eval_len=64, progress=False)
   assert np.array(result["needle_generated"]["accuracy"]).shape == (len(result["needle"]["depths"]), 1)
   assert result["needle_generated"]["accuracy"] == result["needle"]["accuracy"]
+
+
+def test_a_checkpoint_that_no_longer_matches_its_model_is_a_one_line_error(tmp_path):
+  """A run whose saved tree differs from the model its config.json builds (another version of
+  the model code): one line naming the first difference, not Orbax's tree diff."""
+  cfg = tiny_experiment(tmp_path, "train.steps=1", "train.warmup_steps=0", "train.eval_batches=1", name="old")
+  run_dir, _ = train(cfg, progress=False)
+  saved = json.load(open(os.path.join(run_dir, "config.json")))
+  for field, value, expected in (("block", "pro", "g_proj: the checkpoint lacks it"),
+                                 ("d_model", 64, "where the model needs (")):  # which array: restore order
+    changed = json.loads(json.dumps(saved))
+    changed["model"][field] = value
+    json.dump(changed, open(os.path.join(run_dir, "config.json"), "w"))
+    with pytest.raises(RunError) as error:
+      load_run(run_dir)
+    assert expected in str(error.value) and len(str(error.value).splitlines()) == 1

@@ -72,10 +72,13 @@ def main(argv=None):
     print(f"{run_dir} is already at step {summary['step']} = train.steps: nothing to train "
           "(raise train.steps to train on)")
     return 0
+  if summary["preempted"] and not os.path.isdir(run_dir):  # stopped before the first step
+    print("stopped by a signal before the first step: nothing trained, nothing kept; run the same command "
+          "again to start", file=sys.stderr)
+    return 0
   print(json.dumps(summary, indent=2))
   if summary["preempted"]:
-    saved = f"checkpoint at step {summary['step']}" if summary["step"] else "nothing trained, nothing kept"
-    print(f"stopped by a signal: {saved}; continue with --resume", file=sys.stderr)
+    print(f"stopped by a signal: checkpoint at step {summary['step']}; continue with --resume", file=sys.stderr)
   print(f"run directory: {run_dir}")
   return 0
 

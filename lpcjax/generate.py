@@ -40,11 +40,12 @@ def main(argv=None):
   from lpcjax.config import ConfigError
   from lpcjax.data import DataError, load_gpt2_tokenizer
   from lpcjax.evaluation import RunError, load_run
-  from lpcjax.generation import GenerationError, Sampling, TokenPrinter, generate
+  from lpcjax.generation import GenerationError, Sampling, TokenPrinter, check_decodes, generate
 
   try:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     run = load_run(args.run, step=args.step)
+    check_decodes(run.family)
     tokenizer = None
     if args.token_ids:
       prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]

@@ -133,6 +133,13 @@ class TokenPrinter:
       self.next += 1
 
 
+def check_decodes(family):
+  """A one-line GenerationError for a family without cached decoding."""
+  if family.init_cache is None:
+    raise GenerationError(f"the {family.name} family cannot decode token by token (it has no cached decoding: "
+                          "not a language model, or one that reads fixed windows); evaluate it with eval.py")
+
+
 def right_padded(rows, width, fill=0):
   batch = np.full((len(rows), width), fill, np.int32)
   for i, row in enumerate(rows):
@@ -145,9 +152,7 @@ def generate(family, model, params, prompts, *, max_new_tokens, max_len=None, sa
   """Continue each prompt (a list of token ids; ``segment_ids`` the same shape, optional) by up
   to ``max_new_tokens`` tokens. ``params`` is the variables dict model.apply takes
   ({"params": ...}); ``max_len`` (default: longest prompt + max_new_tokens) sizes the cache."""
-  if family.init_cache is None:
-    raise GenerationError(f"the {family.name} family cannot decode token by token (no cached decoding: "
-                          "it reads fixed windows); score it with eval.py instead")
+  check_decodes(family)
   lengths = [len(p) for p in prompts]
   if not prompts or min(lengths) == 0:
     raise GenerationError("generate: every prompt needs at least one token")

@@ -30,6 +30,15 @@ def repo_root():
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 
+def cli(name):
+  """The ``main`` of train.py or eval.py, loaded from the checkout (as a user runs them)."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(f"{name}_cli", REPO / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.main
+
+
 def tiny_experiment(tmp_path, *overrides, name="run"):
   """A seconds-long FoX-on-MQAR experiment writing under tmp_path/name. With a
   ``data.kind=...`` override the MQAR-only defaults are left out."""

@@ -273,10 +273,6 @@ def series_evaluator():
   return SeriesEvaluator()
 
 
-def _register():
-  register(Family("pmt", PMTConfig, PMT, loss=pmt_loss, example_inputs=series_inputs, data_kinds=("series",),
-                  check=check_series, mutable=("batch_stats",), rng_streams=("dropout",), throughput_unit="series",
-                  units_per_example=lambda config: 1, evaluator=series_evaluator))
-
-
-_register()
+register(Family("pmt", PMTConfig, PMT, loss=pmt_loss, example_inputs=series_inputs, data_kinds=("series",),
+                check=check_series, mutable=("batch_stats",), rng_streams=("dropout",), throughput_unit="series",
+                units_per_example=lambda config: 1, evaluator=series_evaluator))

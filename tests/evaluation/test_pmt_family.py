@@ -2,23 +2,15 @@
 missing values), eval.py writes the linear-probe and cue-retention results and plots, for the
 checkpoint and for a random init; a series too short for a patch is a one-line error."""
 
-import importlib.util
 import json
 
 import numpy as np
 
-from conftest import REPO
+from conftest import cli
 
 TINY = ["model.d_model=16", "model.num_heads=2", "model.num_blocks=1", "model.tokenizer_kernels=8",
         "model.projection_dim=16", "model.patch_size=4", "model.patch_stride=2", "model.neighbourhood=4",
         "data.batch_size=8", "train.steps=3", "train.log_every=1", "train.warmup_steps=1"]
-
-
-def cli(name):
-  spec = importlib.util.spec_from_file_location(f"{name}_cli", REPO / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.main
 
 
 def write_npz(path, count, seed):

@@ -2,7 +2,6 @@
 classification loss, its own evaluator) trains, resumes bitwise, evaluates and plots through
 train.py and eval.py, with no edit to the harness."""
 
-import importlib.util
 import json
 import os
 
@@ -11,16 +10,9 @@ import numpy as np
 import pytest
 
 import toy_family
-from conftest import REPO, sigterm_after_rows
+from conftest import REPO, cli, sigterm_after_rows
 from lpcjax import config as C
 from lpcjax.evaluation import load_run
-
-
-def cli(name):
-  spec = importlib.util.spec_from_file_location(f"{name}_cli", REPO / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.main
 
 
 @pytest.fixture

@@ -12,12 +12,17 @@ field below, with the default chosen and the reason beside it.
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .common import Projection, constant_init
+from lpcjax.kernels import forgetting_attention
+
+from .common import Projection, constant_init, dtype_of
+from .forget_gate import ForgetGate
+from .rope import apply_rope
 
 
 def _logit(p):
@@ -130,6 +135,105 @@ class MHC(nn.Module):
       raise ValueError(f"expected [..., {self.config.num_streams} streams, d], got shape {x.shape}")
 
 
+# ----------------------------------------------------------------------------- local attention
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalAttentionConfig:
+  """Fields read by ``LocalAttention`` (and by ``ForgetGate`` when ``forget_gate`` is set).
+
+  The window is NOT FOUND in LPC-SM; the family config chooses it.
+  """
+
+  d_model: int = 64
+  num_heads: int = 4
+  head_dim: int = 16
+  window: int = 64  # query t sees keys t − window < j ≤ t
+  rope_theta: float = 10000.0
+  # "none": log f = 0, plain sliding-window softmax attention (LPC-SM's local attention);
+  # "data_dependent": FoX's forget gate on top of the window.
+  forget_gate: str = "none"
+  gate_bias_init: str = "zero"
+  gate_t_min: float = 2.0
+  gate_t_max: float = 128.0
+  init_std: float = 0.02
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  impl: str = "auto"  # forgetting_attention backend of the parallel pass
+
+
+class LocalAttention(nn.Module):
+  """Causal sliding-window attention with RoPE: x [batch, seq, d] -> [batch, seq, d].
+
+  The parallel pass is ``forgetting_attention(window=...)`` (the blockwise backends skip every
+  tile outside the band). Streaming: give ``cache`` (``init_local_cache``) and the stream position of
+  x's first token; the chunk attends over the cached last window − 1 keys and itself,
+  materialized (a chunk is short), and the call returns (output, cache) with the cache rolled
+  forward. Keys are cached after RoPE at their absolute positions, so the logits are the ones
+  the parallel pass computes.
+  """
+
+  config: LocalAttentionConfig
+
+  @nn.compact
+  def __call__(self, x, cache=None, position=0):
+    cfg = self.config
+    dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
+
+    def project(name, inputs, out_shape, axes, in_ndim=1):
+      return Projection(out_shape, axes, in_ndim=in_ndim, init_std=cfg.init_std, dtype=dtype,
+                        param_dtype=param_dtype, name=name)(inputs)
+
+    heads = (cfg.num_heads, cfg.head_dim)
+    q, k, v = (project(name, x, heads, ("embed", "heads", "head_dim")) for name in ("q_proj", "k_proj", "v_proj"))
+    positions = position + jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
+    q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
+    if cfg.forget_gate == "none":
+      log_f = jnp.zeros(x.shape[:2] + (cfg.num_heads,), jnp.float32)
+    else:
+      log_f = ForgetGate(cfg, name="forget_gate")(x)
+    if cache is None:
+      o = forgetting_attention(q, k, v, log_f, impl=cfg.impl, window=cfg.window)
+    else:
+      o, cache = _windowed_chunk_attention(q, k, v, log_f, cache)
+    out = project("o_proj", o, (cfg.d_model,), ("heads", "head_dim", "embed"), in_ndim=2)
+    return out if cache is None else (out, cache)
+
+
+
+def init_local_cache(config, batch):
+  """An empty streaming cache of ``LocalAttention(config)``: the last window − 1 keys, values,
+  their cumulative log f (c) and validity, and the running c of the stream."""
+  size, dtype = config.window - 1, dtype_of(config.dtype)
+  return {"k": jnp.zeros((batch, size, config.num_heads, config.head_dim), dtype),
+          "v": jnp.zeros((batch, size, config.num_heads, config.head_dim), dtype),
+          "c": jnp.zeros((batch, size, config.num_heads), jnp.float32),
+          "valid": jnp.zeros((batch, size), bool), "c_last": jnp.zeros((batch, config.num_heads), jnp.float32)}
+
+
+def _windowed_chunk_attention(q, k, v, log_f, cache):
+  """Queries i of the chunk over [cached keys ; chunk keys]. Key j of that concatenation is
+  w − 1 − j positions before the chunk's first token, so query i sees it iff i ≤ j ≤ i + w − 1
+  (causal and inside the window) and it holds a real token. Float32, materialized."""
+  size, chunk = cache["k"].shape[1], q.shape[1]
+  c = cache["c_last"][:, None] + jnp.cumsum(log_f, axis=1)  # [batch, chunk, heads]
+  keys = jnp.concatenate([cache["k"], k.astype(cache["k"].dtype)], axis=1)
+  values = jnp.concatenate([cache["v"], v.astype(cache["v"].dtype)], axis=1)
+  key_c = jnp.concatenate([cache["c"], c], axis=1)
+  valid = jnp.concatenate([cache["valid"], jnp.ones(q.shape[:2], bool)], axis=1)
+  i, j = jnp.arange(chunk)[:, None], jnp.arange(size + chunk)[None, :]
+  visible = (j >= i) & (j <= i + size) & valid[:, None, None, :]  # [batch, 1, chunk, keys]
+  scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
+  logits = jnp.einsum("bihd,bjhd->bhij", q.astype(jnp.float32), keys.astype(jnp.float32)) * scale
+  logits = logits + jnp.swapaxes(c, 1, 2)[..., :, None] - jnp.swapaxes(key_c, 1, 2)[..., None, :]
+  weights = jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
+  o = jnp.einsum("bhij,bjhd->bihd", weights, values.astype(jnp.float32)).astype(q.dtype)
+  keep = slice(chunk, None)  # roll: the last window − 1 positions stay
+  cache = {"k": keys[:, keep], "v": values[:, keep], "c": key_c[:, keep], "valid": valid[:, keep],
+           "c_last": c[:, -1]}
+  return o, cache
+
+
 # ----------------------------------------------------------------------------- ONT
 
 
@@ -166,13 +270,16 @@ class ONT(nn.Module):
   config: ONTConfig
 
   @nn.compact
-  def __call__(self, write, state):
+  def gain(self):
+    """κ ∈ [1, κ_max] (a scalar): for callers that apply ``ont_write`` inside a scan."""
     cfg = self.config
-    if not cfg.enabled:
-      return write
     init = _bounded_init(cfg.kappa_init, 1.0, cfg.kappa_max)
-    theta = self.param("kappa_logit", constant_init(init, ()), ())
-    return ont_write(write, state, _bounded(theta, 1.0, cfg.kappa_max), cfg.eps)
+    return _bounded(self.param("kappa_logit", constant_init(init, ()), ()), 1.0, cfg.kappa_max)
+
+  def __call__(self, write, state):
+    if not self.config.enabled:
+      return write
+    return ont_write(write, state, self.gain(), self.config.eps)
 
 
 # ----------------------------------------------------------------------------- dual-timescale memory
@@ -207,6 +314,7 @@ class MemoryConfig:
   slow_decay_init: float = 0.95
   kappa_max: float = 4.0  # ONT gain bounds and init, see ONTConfig
   kappa_init: float = 2.0
+  ont_eps: float = 1e-6
   # The read projections start at zero, so the layer's reads start at 0 and a block adding them
   # to its residual stream starts as if it had no memory (tests set it > 0 to see the reads).
   read_init_std: float = 0.0
@@ -258,12 +366,11 @@ class DualTimescaleMemory(nn.Module):
 
     if cfg.slow:
       slow_decay = decay("slow_decay_logit", cfg.slow_decay_init)
-      if cfg.ont:  # the ONT gain, parameterised as in ``ONT`` (one scalar for the layer)
-        theta = self.param("kappa_logit", constant_init(_bounded_init(cfg.kappa_init, 1.0, cfg.kappa_max), ()), ())
-        kappa = _bounded(theta, 1.0, cfg.kappa_max)
+      if cfg.ont:  # one learned gain for the layer
+        kappa = ONT(ONTConfig(kappa_max=cfg.kappa_max, kappa_init=cfg.kappa_init, eps=cfg.ont_eps), name="ont").gain()
 
       def step(slow, summary):
-        write = ont_write(summary, slow, kappa) if cfg.ont else summary
+        write = ont_write(summary, slow, kappa, cfg.ont_eps) if cfg.ont else summary
         slow = slow_decay * slow + (1 - slow_decay) * write
         return slow, slow
 
@@ -277,8 +384,13 @@ class DualTimescaleMemory(nn.Module):
     return reads, new_state
 
   def initial_state(self, batch):
-    zeros = jnp.zeros((batch, self.config.memory_dim), jnp.float32)
-    return {"fast": zeros, "slow": zeros}
+    return initial_memory_state(self.config, batch)
+
+
+def initial_memory_state(config, batch):
+  """The empty state of ``DualTimescaleMemory(config)``: both states zero."""
+  zeros = jnp.zeros((batch, config.memory_dim), jnp.float32)
+  return {"fast": zeros, "slow": zeros}
 
 
 # ----------------------------------------------------------------------------- sparse controller
@@ -306,23 +418,50 @@ class ControllerConfig:
   eps: float = 1e-6
 
 
-def causal_standardize(r, eps=1e-6):
-  """r [batch, seq] -> (r_t − μ_t) / σ_t with μ, σ over positions ≤ t (no future token leaks).
+def running_standardize(r, stats=None, eps=1e-6):
+  """r [batch, seq] -> ((r_t − μ_t) / σ_t, stats), μ, σ over every position ≤ t of the stream.
 
-  Position 0 gives 0. Running sums are taken of r − r_0 (the variance is shift invariant) to
-  keep float32 cancellation small when r has a large offset.
+  ``stats`` carries the running moments from earlier calls ({"count", "shift", "sum", "sumsq"}
+  [batch], from ``initial_stats``; None: the stream starts here), so a stream standardised chunk
+  by chunk gives the values of one pass. The moments are of r − shift, shift = the stream's first
+  r (the variance is shift invariant; this keeps float32 cancellation small when r has a large
+  offset). The stream's first position gives 0.
   """
-  centred = r - r[:, :1]
-  count = jnp.arange(1, r.shape[1] + 1, dtype=r.dtype)
-  mean = jnp.cumsum(centred, axis=1) / count
-  var = jnp.maximum(jnp.cumsum(centred * centred, axis=1) / count - mean * mean, 0.0)
-  return (centred - mean) * jax.lax.rsqrt(var + eps)
+  if stats is None:
+    stats = initial_stats(r.shape[0])
+  shift = jnp.where(stats["count"] > 0, stats["shift"], r[:, 0])
+  centred = r - shift[:, None]
+  count = stats["count"][:, None] + jnp.arange(1, r.shape[1] + 1, dtype=r.dtype)
+  total = stats["sum"][:, None] + jnp.cumsum(centred, axis=1)
+  total_sq = stats["sumsq"][:, None] + jnp.cumsum(centred * centred, axis=1)
+  mean = total / count
+  var = jnp.maximum(total_sq / count - mean * mean, 0.0)
+  z = (centred - mean) * jax.lax.rsqrt(var + eps)
+  return z, {"count": count[:, -1], "shift": shift, "sum": total[:, -1], "sumsq": total_sq[:, -1]}
+
+
+def initial_stats(batch):
+  zeros = jnp.zeros((batch,), jnp.float32)
+  return {"count": zeros, "shift": zeros, "sum": zeros, "sumsq": zeros}
+
+
+def causal_standardize(r, eps=1e-6):
+  """r [batch, seq] -> (r_t − μ_t) / σ_t with μ, σ over positions ≤ t (no future token leaks)."""
+  return running_standardize(r, None, eps)[0]
+
+
+class ControllerOutput(NamedTuple):
+  mask: jax.Array  # [batch, seq], 0/1 forward, straight-through gradient
+  p: jax.Array  # [batch, seq], σ(u / τ)
+  ratio: jax.Array  # (), the sparse ratio ρ
+  aux: jax.Array  # (), (mean(mask) − ρ)²
+  stats: dict  # the running moments after this call (see ``running_standardize``)
 
 
 class SparseController(nn.Module):
-  """error e [batch, seq, d] -> (mask, p [batch, seq], ratio ρ (scalar), aux (scalar)).
+  """error e [batch, seq, d] (and optionally the carried ``stats``) -> ``ControllerOutput``.
 
-      r_t = log(mean(e_t²) + eps),  z_t = causal_standardize(r)_t
+      r_t = log(mean(e_t²) + eps),  z_t = running_standardize(r)_t
       u_t = scale · z_t + bias − Φ⁻¹(1 − ρ),  p_t = σ(u_t / τ)
       m_t = 1[p_t > threshold] forward, dm/dp = 1 backward (straight through)
 
@@ -335,7 +474,7 @@ class SparseController(nn.Module):
   config: ControllerConfig
 
   @nn.compact
-  def __call__(self, error):
+  def __call__(self, error, stats=None):
     cfg = self.config
     scale = self.param("scale", constant_init(1.0, ()), ())
     bias = self.param("bias", constant_init(0.0, ()), ())
@@ -348,9 +487,10 @@ class SparseController(nn.Module):
     if cfg.stop_error_gradient:
       error = jax.lax.stop_gradient(error)
     r = jnp.log(jnp.mean(error * error, axis=-1) + cfg.eps)
-    u = scale * causal_standardize(r, cfg.eps) + bias - jax.scipy.special.ndtri(1.0 - ratio)
+    z, stats = running_standardize(r, stats, cfg.eps)
+    u = scale * z + bias - jax.scipy.special.ndtri(1.0 - ratio)
     p = jax.nn.sigmoid(u / cfg.temperature)
     hard = (p > cfg.threshold).astype(p.dtype)
     mask = hard + (p - jax.lax.stop_gradient(p))  # p − p = 0 exactly: forward is 0/1
     aux = jnp.square(jnp.mean(mask) - ratio)
-    return mask, p, ratio, aux
+    return ControllerOutput(mask, p, ratio, aux, stats)

@@ -40,21 +40,32 @@ class DecoderBlock(nn.Module):
     return nn.with_logical_constraint(x, EMBED), cache
 
 
+def rematted(block, cfg):
+  """``block`` under ``nn.remat`` with ``cfg.remat_policy`` ("none": as is)."""
+  if cfg.remat_policy == "none":
+    return block
+  # Under scan, CSE cannot merge the recomputation with the forward pass, so it can stay off.
+  return nn.remat(block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+
+
+def scanned_layers(block, cfg, in_axes, name="layers"):
+  """``cfg.num_layers`` copies of ``block`` as one ``nn.scan`` (params get a leading "layers"
+  axis); the block maps (carry, *inputs) -> (carry, outputs), inputs split by ``in_axes``."""
+  # No constancy check: it re-traces the body to test broadcast outputs (there are none), and
+  # under checkify (model.debug_checks) newer JAX makes it see a false dependency.
+  scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=in_axes,
+                    length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
+                    check_constancy_invariants=False)
+  return scanned(cfg, name=name)
+
+
 def stacked_blocks(cfg, name="layers"):
   """cfg.num_layers DecoderBlocks; call as ``x, caches = stack(x, segment_ids, caches, context)``
   (caches: None, or each layer's cache stacked on a leading axis)."""
-  block = DecoderBlock
-  if cfg.remat_policy != "none":
-    # Under scan, CSE cannot merge the recomputation with the forward pass, so it can stay off.
-    block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+  block = rematted(DecoderBlock, cfg)
   if not cfg.scan_layers:
     return _Unrolled(cfg, block, name=name)
-  # No constancy check: it re-traces the body to test broadcast outputs (there are none), and
-  # under checkify (model.debug_checks) newer JAX makes it see a false dependency.
-  scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                    in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.num_layers,
-                    metadata_params={nn.PARTITION_NAME: "layers"}, check_constancy_invariants=False)
-  return scanned(cfg, name=name)
+  return scanned_layers(block, cfg, (nn.broadcast, 0, nn.broadcast), name)
 
 
 class _Unrolled(nn.Module):

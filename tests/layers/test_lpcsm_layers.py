@@ -178,7 +178,7 @@ def test_memory_states_match_a_naive_loop():
   c = x.reshape(2, 5, 4, 8).mean(2) @ p["summary"]["kernel"]
   a = jax.nn.sigmoid(p["fast_decay_logit"])
   lam = jax.nn.sigmoid(p["slow_decay_logit"])
-  kappa = 1.0 + 3.0 * jax.nn.sigmoid(p["kappa_logit"])
+  kappa = 1.0 + 3.0 * jax.nn.sigmoid(p["ont"]["kappa_logit"])
   fast = slow = jnp.zeros((2, 6))
   for k in range(5):
     fast = a * fast + (1 - a) * c[:, k]
@@ -227,7 +227,7 @@ def _controller(cfg=ControllerConfig()):
 
 def test_controller_mask_is_binary_and_gradients_reach_scale_and_bias():
   ctrl, params, e = _controller()
-  mask, p, ratio, aux = ctrl.apply(params, e)
+  mask, p, ratio, aux, _ = ctrl.apply(params, e)
   assert mask.shape == p.shape == (4, 64)
   assert set(np.unique(np.asarray(mask))) <= {0.0, 1.0}
   np.testing.assert_array_equal(mask, (p > 0.5).astype(mask.dtype))
@@ -254,7 +254,7 @@ def test_fixed_ratio_gets_no_gradient():
   weights = _normal(3, (4, 64))
 
   def loss(q):
-    mask, _, ratio, aux = ctrl.apply(q, e)
+    mask, _, ratio, aux, _ = ctrl.apply(q, e)
     return jnp.sum(mask * weights) + ratio + aux
 
   grads = jax.grad(loss)(params)["params"]

@@ -1,0 +1,322 @@
+"""The ``lpcsm`` family: LPC-SM (Local Predictive Coding and Sparse Memory), lpc-sm-spec.md.
+
+Each block, in the order of spec §2 (norm -> local attention -> dual-timescale memory ->
+predictive correction -> mHC), with a SwiGLU feed-forward last:
+
+    h  = pre-mix of the n residual streams                      (mHC; n = 1 and x itself if off)
+    a  = LocalAttention(norm(h))                                 sliding window, RoPE, log f = 0
+    r  = DualTimescaleMemory(norm(h + a))                        chunk summaries, fast + slow (ONT)
+    ĥ  = W_p [a_{t-1}; r_t]                                      predict h_t from what came before
+    e  = rms(h_t) − ĥ_t,  m = SparseController(e)                mismatch, sparse event mask
+    c  = m_t · W_c e_t                                           correction only where m fires
+    y  = a + r + c;  y += SwiGLU(norm(h + y))
+    streams <- H_res streams + b y                               (mHC; plain x + y if off)
+
+then the mean of the streams, a final RMSNorm and two output heads: the LM head and the stop
+head. Every choice the paper's lost equations leave open is a field of ``LPCSMConfig`` with the
+reason beside it; the reusable layers are in ``lpcjax.layers.lpcsm``.
+
+Streaming: ``model.apply(variables, tokens, state=state)`` with ``init_state`` processes a
+stream chunk by chunk (each call a multiple of ``chunk_size`` tokens) and returns (logits, new
+state) equal to one parallel pass; the state holds each layer's attention window, fast and slow
+memory, the controller's running statistics and the last attention output.
+"""
+
+import dataclasses
+from typing import ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from lpcjax.config import require, require_choice
+from lpcjax.layers import RMSNorm, SwiGLU
+from lpcjax.layers.common import DTYPES, Projection, TokenEmbed, constant_init, dtype_of, normal_init
+from lpcjax.layers.lpcsm import (MHC, ControllerConfig, DualTimescaleMemory, LocalAttention, LocalAttentionConfig,
+                                 MemoryConfig, MHCConfig, SparseController, collapse_streams, expand_streams,
+                                 init_local_cache, initial_memory_state, initial_stats)
+from lpcjax.layers.mlp import swiglu_hidden_size
+from lpcjax.losses import masked_cross_entropy, scored_positions
+
+from .decoder import EMBED, REMAT_POLICIES, rematted, scanned_layers
+from .registry import Family, check_vocab, register
+
+
+@dataclasses.dataclass(frozen=True)
+class LPCSMConfig:
+  """LPC-SM. Mechanism switches give the paper's ablations: ``mhc``, ``slow_memory``,
+  ``predictive_coding``, ``ont``, ``stop_head`` (Stage A) and ``learn_ratio`` (Stage B's fixed
+  ratio control). Sizes and rules marked NOT FOUND in lpc-sm-spec.md are chosen here."""
+
+  family: ClassVar[str] = "lpcsm"
+
+  vocab_size: int = 50257
+  d_model: int = 256
+  num_layers: int = 4
+  num_heads: int = 4
+  head_dim: int | None = None  # None: d_model // num_heads
+  mlp_ratio: float = 4.0  # SwiGLU width d·ratio·2/3, rounded up to mlp_multiple_of (LLaMA recipe)
+  mlp_multiple_of: int = 256
+  tie_embeddings: bool = True  # the LM head reads the embedding table (GPT-2 style)
+  norm_eps: float = 1e-6  # RMSNorm: the spec's inference from the cited reference [28]
+  init_std: float = 0.02
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  remat_policy: str = "none"
+  scan_layers: ClassVar[bool] = True  # always one scanned block (no unrolled variant)
+
+  # Local attention (window NOT FOUND). 256 tokens: an eighth of the 2048-token Stage-A context,
+  # so anything further back must come through the memories.
+  attention_window: int = 256
+  rope_theta: float = 10000.0
+  forget_gate: str = "none"  # "data_dependent": FoX's gate inside the window
+  gate_bias_init: str = "zero"
+  gate_t_min: float = 2.0
+  gate_t_max: float = 128.0
+  attention_impl: str = "auto"
+
+  # Dual-timescale memory (lpcjax.layers.lpcsm.MemoryConfig for the rules).
+  chunk_size: int = 64
+  memory_dim: int = 256
+  fast_decay_init: float = 0.5
+  slow_decay_init: float = 0.95
+  slow_memory: bool = True  # False: the "− slow memory" ablation (the fast memory stays)
+  ont: bool = True  # False: the "− ONT" ablation (plain slow write)
+  kappa_max: float = 4.0
+  kappa_init: float = 2.0
+
+  # Predictive correction and its controller (ControllerConfig for the rules).
+  predictive_coding: bool = True  # False: no predictor, controller or correction
+  ratio_min: float = 0.05
+  ratio_max: float = 0.5
+  ratio_init: float = 0.2
+  learn_ratio: bool = True  # False: Stage B's fixed-ratio control
+  controller_temperature: float = 1.0
+
+  # Stop head: the second output head, p(the document ends after this token), trained with a
+  # binary cross-entropy whose positives are the positions whose next token is ``stop_token``
+  # (GPT-2's <|endoftext|>, which lpcjax's text data appends to every document). The paper
+  # names a stop head but not its target; this is the "stopping behaviour" a LM can learn.
+  stop_head: bool = True
+  stop_token: int | None = None  # None: the last token of the vocabulary (50256 for GPT-2)
+
+  # mHC (MHCConfig). n = 4 streams and 20 Sinkhorn iterations: the mHC paper's defaults.
+  mhc: bool = True
+  num_streams: int = 4
+  sinkhorn_iterations: int = 20
+
+  # Auxiliary losses, added to the LM cross-entropy (weights NOT FOUND; each one is logged):
+  # the predictor's mean squared error (it trains only the predictor: its target is detached),
+  # the stop head's BCE, and (mean(mask) − ρ)², which ties the realised firing rate to ρ.
+  prediction_loss_weight: float = 0.1
+  stop_loss_weight: float = 0.1
+  ratio_loss_weight: float = 1.0
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_multiple_of", "attention_window",
+                 "chunk_size", "memory_dim", "num_streams", "sinkhorn_iterations"):
+      require(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
+    if self.head_dim is None:
+      require(self.d_model % self.num_heads == 0, "model.num_heads",
+              f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; set model.head_dim")
+    require(self.resolved_head_dim % 2 == 0, "model.head_dim", f"RoPE needs an even head_dim, got {self.resolved_head_dim}")
+    require_choice(self.forget_gate, "model.forget_gate", {"none", "data_dependent"})
+    require_choice(self.dtype, "model.dtype", set(DTYPES))
+    require_choice(self.param_dtype, "model.param_dtype", set(DTYPES))
+    require_choice(self.remat_policy, "model.remat_policy", set(REMAT_POLICIES))
+    require(0 < self.ratio_min < self.ratio_init < self.ratio_max < 1, "model.ratio_init",
+            f"need 0 < ratio_min < ratio_init < ratio_max < 1, got ({self.ratio_min}, {self.ratio_init}, {self.ratio_max})")
+    require(1 < self.kappa_init < self.kappa_max, "model.kappa_init",
+            f"need 1 < kappa_init < kappa_max, got ({self.kappa_init}, {self.kappa_max})")
+    for name in ("fast_decay_init", "slow_decay_init"):
+      require(0 < getattr(self, name) < 1, f"model.{name}", "must be in (0, 1)")
+    require(0 <= self.resolved_stop_token < self.vocab_size, "model.stop_token",
+            f"{self.stop_token} is not a token of the {self.vocab_size}-token vocabulary")
+    from lpcjax.kernels import available_impls
+    require_choice(self.attention_impl, "model.attention_impl", set(available_impls()))
+
+  def describe(self):
+    off = [name for name in ("mhc", "slow_memory", "predictive_coding", "ont", "stop_head") if not getattr(self, name)]
+    return "LPC-SM" + "".join(f" −{name}" for name in off) + ("" if self.learn_ratio else ", fixed ratio")
+
+  @property
+  def resolved_head_dim(self):
+    return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+  @property
+  def resolved_stop_token(self):
+    return self.vocab_size - 1 if self.stop_token is None else self.stop_token
+
+  @property
+  def mlp_hidden_size(self):
+    return swiglu_hidden_size(self.d_model, self.mlp_ratio, self.mlp_multiple_of)
+
+  @property
+  def streams(self):
+    return self.num_streams if self.mhc else 1
+
+  def attention_config(self):
+    return LocalAttentionConfig(
+        d_model=self.d_model, num_heads=self.num_heads, head_dim=self.resolved_head_dim, window=self.attention_window,
+        rope_theta=self.rope_theta, forget_gate=self.forget_gate, gate_bias_init=self.gate_bias_init,
+        gate_t_min=self.gate_t_min, gate_t_max=self.gate_t_max, init_std=self.init_std, dtype=self.dtype,
+        param_dtype=self.param_dtype, impl=self.attention_impl)
+
+  def memory_config(self):
+    return MemoryConfig(d_model=self.d_model, memory_dim=self.memory_dim, chunk_size=self.chunk_size,
+                        slow=self.slow_memory, ont=self.ont, fast_decay_init=self.fast_decay_init,
+                        slow_decay_init=self.slow_decay_init, kappa_max=self.kappa_max, kappa_init=self.kappa_init,
+                        init_std=self.init_std)
+
+  def controller_config(self):
+    return ControllerConfig(ratio_min=self.ratio_min, ratio_max=self.ratio_max, ratio_init=self.ratio_init,
+                            learn_ratio=self.learn_ratio, temperature=self.controller_temperature)
+
+  def mhc_config(self):
+    return MHCConfig(num_streams=self.num_streams, sinkhorn_iterations=self.sinkhorn_iterations)
+
+
+def rms_normalize(x, eps):
+  """x / rms(x) over the last axis, no learned scale (the predictor's target)."""
+  x = x.astype(jnp.float32)
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+class LPCSMBlock(nn.Module):
+  """streams x [batch, seq, n, d] -> (streams, (new layer state or None, aux scalars))."""
+
+  config: LPCSMConfig
+
+  @nn.compact
+  def __call__(self, x, state, position):
+    cfg = self.config
+    dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
+    norm = lambda name: RMSNorm(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, name=name)
+    streaming = state is not None
+    new_state, aux = {}, {}
+    mhc = MHC(cfg.mhc_config(), name="mhc") if cfg.mhc else None
+    h = mhc.mix_in(x) if mhc else x[..., 0, :]
+
+    attention = LocalAttention(cfg.attention_config(), name="attn")
+    if streaming:
+      a, new_state["attn"] = attention(norm("attn_norm")(h), state["attn"], position)
+    else:
+      a = attention(norm("attn_norm")(h))
+    memory = DualTimescaleMemory(cfg.memory_config(), name="memory")
+    reads, new_state["memory"] = memory(norm("memory_norm")(h + a), state["memory"] if streaming else None)
+    y = a + reads
+
+    if cfg.predictive_coding:
+      # ĥ_t from the local context up to t − 1 (the attention output one step back) and the
+      # memory (chunks before t's): the prediction never sees token t itself.
+      previous = state["prev_attn"][:, None] if streaming else jnp.zeros_like(a[:, :1])
+      a_before = jnp.concatenate([previous.astype(a.dtype), a[:, :-1]], axis=1)
+      predicted = Projection((cfg.d_model,), (None, "embed"), init_std=cfg.init_std, dtype=dtype,
+                             param_dtype=param_dtype, name="predictor")(jnp.concatenate([a_before, reads], axis=-1))
+      error = jax.lax.stop_gradient(rms_normalize(h, cfg.norm_eps)) - predicted.astype(jnp.float32)
+      control = SparseController(cfg.controller_config(), name="controller")(
+          error, state["controller"] if streaming else None)
+      correction = Projection((cfg.d_model,), (None, "embed"), init_std=cfg.init_std, dtype=dtype,
+                              param_dtype=param_dtype, name="correction")(error)
+      y = y + (control.mask[..., None] * correction).astype(y.dtype)
+      new_state.update(controller=control.stats, prev_attn=a[:, -1])
+      aux = {"prediction_loss": jnp.mean(jnp.square(error)), "ratio_aux": control.aux,
+             "sparse_ratio": control.ratio, "fire_rate": jnp.mean(jax.lax.stop_gradient(control.mask))}
+
+    y = y + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(h + y))
+    x = mhc.mix_out(x, y) if mhc else x + y[..., None, :]
+    x = nn.with_logical_constraint(x, ("activation_batch", "activation_length", None, "activation_embed"))
+    return x, (new_state if streaming else None, aux)
+
+
+def init_state(config, batch):
+  """The empty streaming state of an LPC-SM model for ``batch`` rows (see the module docstring)."""
+  layer = {"attn": init_local_cache(config.attention_config(), batch),
+           "memory": initial_memory_state(config.memory_config(), batch)}
+  if config.predictive_coding:
+    layer.update(controller=initial_stats(batch), prev_attn=jnp.zeros((batch, config.d_model), dtype_of(config.dtype)))
+  stacked = jax.tree.map(lambda a: jnp.broadcast_to(a, (config.num_layers,) + a.shape), layer)
+  return {"position": jnp.zeros((), jnp.int32), "layers": stacked}
+
+
+class LPCSM(nn.Module):
+  """tokens [batch, seq] -> logits [batch, seq, vocab] float32 (causal).
+
+  ``return_aux=True``: (logits, extras) with the stop head's logits [batch, seq] and the
+  auxiliary scalars averaged over layers (what ``lpcsm_loss`` needs). ``state`` (``init_state``):
+  (logits, new state), streaming. seq must be a multiple of ``chunk_size``.
+  """
+
+  config: LPCSMConfig
+
+  @nn.compact
+  def __call__(self, tokens, segment_ids=None, state=None, return_aux=False):
+    cfg = self.config
+    if segment_ids is not None:
+      raise ValueError("lpcsm does not take segment_ids: its chunked memories do not restart at document "
+                       "boundaries (set data.segment_ids=false)")
+    if tokens.shape[1] % cfg.chunk_size:
+      raise ValueError(f"lpcsm: sequence length {tokens.shape[1]} must be a multiple of model.chunk_size={cfg.chunk_size}")
+    dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
+    embed = TokenEmbed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+                       embedding_init=normal_init(cfg.init_std, ("vocab", "embed")), name="embed")
+    x = expand_streams(nn.with_logical_constraint(embed(tokens), EMBED), cfg.streams)
+    position = jnp.zeros((), jnp.int32) if state is None else state["position"]
+    blocks = scanned_layers(rematted(LPCSMBlock, cfg), cfg, (0, nn.broadcast))
+    x, (layer_states, aux) = blocks(x, None if state is None else state["layers"], position)
+    x = RMSNorm(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, name="final_norm")(collapse_streams(x))
+    if cfg.tie_embeddings:
+      logits = embed.attend(x)
+    else:
+      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                        kernel_init=normal_init(cfg.init_std, ("embed", "vocab")), name="lm_head")(x)
+    logits = nn.with_logical_constraint(logits.astype(jnp.float32),
+                                        ("activation_batch", "activation_length", "activation_vocab"))
+    extras = {name: jnp.mean(value) for name, value in aux.items()}  # mean over layers
+    if cfg.stop_head:  # always built, so init creates its params
+      extras["stop_logits"] = nn.Dense(1, dtype=jnp.float32, param_dtype=param_dtype,
+                                       kernel_init=normal_init(cfg.init_std, ("embed", None)),
+                                       bias_init=constant_init(0.0, (None,)), name="stop_head")(x)[..., 0]
+    if state is not None:
+      return logits, {"position": position + tokens.shape[1], "layers": layer_states}
+    return (logits, extras) if return_aux else logits
+
+
+def lpcsm_loss(apply_fn, params, batch, **_):
+  """LM cross-entropy + weighted auxiliary losses (see LPCSMConfig). Metrics: ``loss`` (the
+  total that is differentiated), ``lm_loss`` (the cross-entropy alone: the paper's "LM loss"
+  and what runs are compared by), ``accuracy``, and each auxiliary term, the learned sparse
+  ratio and the realised firing rate (means over layers)."""
+  cfg = apply_fn.__self__.config
+  logits, extras = apply_fn({"params": params}, batch["inputs"], segment_ids=batch.get("segment_ids"),
+                            return_aux=True)
+  mask = scored_positions(batch)
+  losses, hits = masked_cross_entropy(logits, batch["targets"], mask)
+  count = mask.sum()
+  per_position = lambda total: total / jnp.maximum(count, 1.0)
+  loss = per_position(losses.sum())
+  metrics = {"lm_loss": (losses.sum(), count), "accuracy": (hits.sum(), count)}
+  if cfg.stop_head:
+    stop = optax.sigmoid_binary_cross_entropy(extras["stop_logits"], (batch["targets"] == cfg.resolved_stop_token).astype(jnp.float32))
+    stop = (stop * mask).sum()
+    loss = loss + cfg.stop_loss_weight * per_position(stop)
+    metrics["stop_loss"] = (stop, count)
+  if cfg.predictive_coding:
+    loss = loss + cfg.prediction_loss_weight * extras["prediction_loss"] + cfg.ratio_loss_weight * extras["ratio_aux"]
+    for name in ("prediction_loss", "ratio_aux", "sparse_ratio", "fire_rate"):
+      metrics[name] = (extras[name].astype(jnp.float32), jnp.float32(1.0))
+  metrics["loss"] = (loss * count, count)
+  return loss, metrics, {}
+
+
+def check_lpcsm(config):
+  check_vocab(config)
+  data, model = config.data, config.model
+  require(data.seq_len % model.chunk_size == 0, "data.seq_len",
+          f"{data.seq_len} must be a multiple of model.chunk_size={model.chunk_size} (the memories write whole chunks)")
+  require(not getattr(data, "segment_ids", False), "data.segment_ids",
+          "lpcsm's chunked memories do not restart at document boundaries; set data.segment_ids=false")
+
+
+register(Family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm))

@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from lpcjax.data import (DataError, MQARDataConfig, TextDataConfig, TokenFileConfig, TokenWindowConfig,
                          load_gpt2_tokenizer, load_token_file, make_dataset, tokenize_files)
@@ -17,6 +18,7 @@ from lpcjax.files import write_json_atomic
 from lpcjax.generation import generate
 from lpcjax.training.runs import num_params
 
+from .delayed_identifier import delayed_identifier_probe
 from .needle import needle_grid, score_generated
 from .per_token import confidence_band, per_token_losses, sequence_logits, summarize
 from .plots import plot_needle, plot_per_token, plot_perplexity, plot_recall
@@ -61,6 +63,29 @@ def _tokens_per_word(data):
   return None
 
 
+def _text_tokens(files, data_config, tokenizer, what):
+  """Tokens of ``files`` if given, else of the run's own eval (or training) text or token file."""
+  files = files or getattr(data_config, "eval_files", ()) or getattr(data_config, "train_files", ())
+  if files:
+    return tokenize_files(files, tokenizer)[0]
+  if isinstance(data_config, TokenFileConfig):
+    return load_token_file(data_config.eval_tokens or data_config.train_tokens)[0]
+  raise DataError(f"{what} needs text: give --haystack FILE ... (or --data)")
+
+
+def _padded_token_losses(model, params, sequence_logits, length_multiple):
+  """(inputs, targets) [batch, T] -> per-position cross-entropy [batch, T] as numpy. Inputs are
+  right-padded to a multiple of ``length_multiple`` (chunked models): padding after the last
+  position cannot change a causal model's earlier logits."""
+  losses = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(sequence_logits(model, p, x), y))
+
+  def token_losses(inputs, targets):
+    pad = (-inputs.shape[1]) % length_multiple
+    widths = ((0, 0), (0, pad))
+    return np.asarray(losses(params, np.pad(inputs, widths), np.pad(targets, widths)))[:, :inputs.shape[1]]
+  return token_losses
+
+
 def run_label(config, params):
   describe = getattr(config.model, "describe", None)
   kind = f"{describe()}, " if describe else ""
@@ -89,7 +114,12 @@ class LanguageModelEvaluator:
     parser.add_argument("--needle-lengths", type=int, nargs="+", default=None)
     parser.add_argument("--needle-mode", choices=("teacher", "generate", "both"), default="teacher",
                         help="score the answer teacher-forced, by greedy cached decoding, or both")
-    parser.add_argument("--haystack", nargs="+", default=None, help="haystack text files (default: --data)")
+    parser.add_argument("--haystack", nargs="+", default=None,
+                        help="haystack / distractor text files (default: --data, else the run's eval data)")
+    parser.add_argument("--delayed-id", action="store_true",
+                        help="run the delayed-identifier probe (key cross-entropy after a long distractor)")
+    parser.add_argument("--delayed-id-len", type=int, default=2040, help="tokens per probe prompt (paper: 2040)")
+    parser.add_argument("--delayed-id-prompts", type=int, default=6, help="probe prompts (paper: 6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rolls and the needle keys")
     parser.add_argument("--window", type=int, default=64,
                         help="positions per moving-average window and per confidence-band bin")
@@ -125,12 +155,16 @@ class LanguageModelEvaluator:
       predict_fn = lambda x: predict(run.params, np.asarray(x))
       if isinstance(data_config, MQARDataConfig):
         result["recall_by_distance"] = recall_by_distance(predict_fn, batches())
-      if options.needle:
-        files = options.haystack or data or getattr(data_config, "train_files", ())
-        if not files:
-          raise DataError("--needle needs haystack text: give --haystack FILE ... (or --data)")
+      tokenizer = None
+      if options.needle or options.delayed_id:
         tokenizer = load_gpt2_tokenizer(getattr(data_config, "tokenizer_file", None))
-        hay, _ = tokenize_files(files, tokenizer)
+        hay = _text_tokens(options.haystack or data, data_config, tokenizer, "--needle/--delayed-id")
+      if options.delayed_id:
+        token_losses = _padded_token_losses(run.model, run.params, self.sequence_logits,
+                                            getattr(config.model, "chunk_size", 1))
+        result["delayed_identifier"] = delayed_identifier_probe(
+            token_losses, hay, tokenizer, options.delayed_id_len, options.delayed_id_prompts, seed)
+      if options.needle:
         lengths = options.needle_lengths or [n for n in (1024 * 2**k for k in range(10)) if n <= eval_len] or [eval_len]
         modes = ("teacher", "generate") if options.needle_mode == "both" else (options.needle_mode,)
         for mode in modes:
@@ -166,6 +200,11 @@ class LanguageModelEvaluator:
     lines = [f"{result['label']}: mean loss {result['mean_loss']:.4f}, perplexity {result['perplexity']:.2f}"
              f"{word} over {result['num_sequences']} sequences",
              f"  mean loss over the first L tokens: {by_length}"]
+    if "delayed_identifier" in result:
+      probe = result["delayed_identifier"]
+      lines.append(f"  delayed identifier ({probe['prompts']} prompts of {probe['prompt_len']} tokens): key CE "
+                   f"{probe['cued']['key_ce']:.3f} ± {probe['cued']['key_ce_std']:.3f} "
+                   f"(control, header names another id: {probe['control']['key_ce']:.3f})")
     if "recall_by_distance" in result:
       lines.append("  recall by key-query distance: " + ", ".join(
           f"{bucket}+: {cell['accuracy']:.1%} (n={cell['count']})" for bucket, cell in result["recall_by_distance"].items()))

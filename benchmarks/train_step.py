@@ -3,6 +3,10 @@
   python benchmarks/train_step.py                                  # tiny FoX vs Transformer, CPU
   python benchmarks/train_step.py --config paper:fox_pro_125m --set data.seq_len=4096 \
       data.batch_size=8 --families fox                             # the GPU figure
+  python benchmarks/train_step.py --config lpcsm:tiny --families lpcsm fox,model.attention_window=None
+
+A candidate is a family name, optionally followed by ``,section.field=value`` overrides for it
+alone (above: FoX with full attention, where the LPC-SM config has a window).
 
 Each candidate (a family, on the same config otherwise) is compiled, warmed up, then timed
 over --steps steps; the candidates are interleaved round by round so that load changes on a
@@ -60,14 +64,15 @@ def main():
   peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
 
   candidates = {}
-  for family in args.families:
-    config = config_lib.apply_overrides(base, [f"model.family={family}"])
+  for spec in args.families:
+    family, *overrides = spec.split(",")
+    config = config_lib.apply_overrides(base, [f"model.family={family}", *overrides])
     model = models.get(family).build(config.model)
     state = create_train_state(models.get(family), model, config)
     step = jax.jit(train_step, donate_argnums=0)
     state, metrics = step(state, batch)  # compile
     jax.block_until_ready(metrics)
-    candidates[family] = {"config": config, "state": state, "step": step, "times": [],
+    candidates[spec] = {"config": config, "state": state, "step": step, "times": [],
                           "flops_per_token": model_flops_per_token(config, state.params)}
   for _ in range(args.rounds):
     for entry in candidates.values():
@@ -84,7 +89,8 @@ def main():
   for family, entry in candidates.items():
     step_s = statistics.median(entry["times"])
     tflops = entry["flops_per_token"] * tokens / step_s / 1e12
-    row = {"family": family, "step_ms": step_s * 1e3, "tokens_per_sec": tokens / step_s,
+    row = {"family": family, "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(entry["state"].params))),
+           "step_ms": step_s * 1e3, "tokens_per_sec": tokens / step_s,
            "model_tflops": tflops, "mfu": tflops / peak if peak else None}
     rows.append(row)
     mfu = f"{row['mfu']:.1%}" if peak else "n/a"

@@ -51,10 +51,12 @@ class LPCSMConfig:
 
   family: ClassVar[str] = "lpcsm"
 
+  # Defaults: the 158M model (configs/lpcsm.py "paper"); the shared fields default as in the
+  # Transformer's config, so ``model.family=fox`` on an LPC-SM config keeps the sizes.
   vocab_size: int = 50257
-  d_model: int = 256
-  num_layers: int = 4
-  num_heads: int = 4
+  d_model: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
   head_dim: int | None = None  # None: d_model // num_heads
   mlp_ratio: float = 4.0  # SwiGLU width d·ratio·2/3, rounded up to mlp_multiple_of (LLaMA recipe)
   mlp_multiple_of: int = 256
@@ -78,7 +80,7 @@ class LPCSMConfig:
 
   # Dual-timescale memory (lpcjax.layers.lpcsm.MemoryConfig for the rules).
   chunk_size: int = 64
-  memory_dim: int = 256
+  memory_dim: int = 512
   fast_decay_init: float = 0.5
   slow_decay_init: float = 0.95
   slow_memory: bool = True  # False: the "− slow memory" ablation (the fast memory stays)

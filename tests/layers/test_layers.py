@@ -26,6 +26,8 @@ def test_swiglu_hidden_size_follows_fox_recipe():
   assert swiglu_hidden_size(768, 4.0) == 2048  # 768 * 4 * 2/3 = 2048 exactly
   assert swiglu_hidden_size(1536, 3.5) == 3584  # Pro ratio
   assert swiglu_hidden_size(1000, 4.0) == 2816  # 2666.7 rounded up to a multiple of 256
+  # The official code truncates before rounding up: 110 * 3.5 * 2/3 = 256.67 -> 256, not 512.
+  assert swiglu_hidden_size(110, 3.5) == 256
 
 
 def test_rope_depends_only_on_relative_position():

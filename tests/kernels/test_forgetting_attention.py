@@ -212,20 +212,11 @@ def test_backend_with_window_matches_reference(impl, seq_len, window, sizes, sta
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4, err_msg=name)
 
 
-@pytest.fixture
-def x64():
-  """jax_enable_x64 on for one test (a user's codebase may set it): Python ints then trace as
-  int64, which once broke the Pallas kernels where they met int32 program ids."""
-  previous = jax.config.jax_enable_x64
-  jax.config.update("jax_enable_x64", True)
-  yield
-  jax.config.update("jax_enable_x64", previous)
-
-
 @pytest.mark.parametrize("impl", BACKENDS)
 @pytest.mark.parametrize("window,prune_epsilon", [(None, None), (8, 1e-6)], ids=["full", "window-pruned"])
 def test_backend_under_x64_matches_reference(x64, impl, window, prune_epsilon):
-  """float32 inputs and int64 segment ids (numpy's default) under jax_enable_x64."""
+  """float32 inputs and int64 segment ids (numpy's default) under jax_enable_x64 (the ``x64``
+  fixture, tests/kernels/conftest.py)."""
   q, k, v, log_f, do = make_inputs(7, 1, 40, 2, 16)
   seg = jnp.asarray((np.arange(40)[None] >= 23).astype(np.int64))
   assert seg.dtype == jnp.int64

@@ -62,7 +62,13 @@ def test_paper_configs_load(repo_root):
     assert cfg.data.seq_len == 16384 and cfg.model.vocab_size == 50257
   cfg = C.load_experiment("paper:transformer_760m", str(repo_root / "configs"))
   assert cfg.model.resolved_head_dim == 128 and cfg.model.rope_theta == 500000.0
-  assert cfg.train.steps == 30517 and cfg.train.warmup_steps == 488
+  # The official budgets are binary: 15 Gi tokens, warm-up 256 Mi, over 32 x 16384 tokens a step.
+  assert cfg.train.steps == 15 * 2**30 // (32 * 16384) == 30720 and cfg.train.warmup_steps == 512
+  for spec, tokens in (("transformer_125m", 2_684_354_560), ("transformer_pro_360m", 7_516_192_768),
+                       ("fox_760m", 16_106_127_360)):
+    cfg = C.load_experiment(f"paper:{spec}", str(repo_root / "configs"))
+    assert cfg.train.steps * 32 * 16384 == tokens and cfg.train.warmup_steps * 32 * 16384 == 268_435_456
+    assert cfg.model.rope_theta == 500000.0  # every size, as the official baselines
   with pytest.raises(C.ConfigError, match="unknown"):
     C.load_experiment("paper:fox_9b", str(repo_root / "configs"))
 

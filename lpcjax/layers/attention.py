@@ -9,8 +9,11 @@ the paper's ablations (FoX paper, Sec. 3.2 and Table 3):
   the projected k/v before QK-norm and restarts at every segment start (k~_{-1} = 0).
 * QK-norm: RMSNorm over head_dim (eps 1e-5) on q and k; by default one scale shared by all
   heads, as in the released FoX checkpoints (``qk_norm_shared_scale``).
-* Output norm and gate: o_proj(RMSNorm_head(o) * sigmoid(W_g x)), norm eps 1e-6, the norm's
-  scale shared across heads in the same way.
+* Output norm and gate: o_proj(RMSNorm_head(o) * sigmoid(W_g x)), an RMSNorm over each head's
+  head_dim channels with eps ``norm_eps``. Its scale always has one weight per channel of every
+  head, shape (heads, head_dim), whatever ``qk_norm_shared_scale`` says: the official model's
+  output norm is a group norm with hidden_size weights and shares nothing across heads, so this
+  is the shape that represents its checkpoints.
 """
 
 import flax.linen as nn
@@ -54,8 +57,8 @@ class ForgettingAttention(nn.Module):
 
   ``config`` is a transformer/fox config (see lpcjax.models); the fields read are num_heads,
   resolved_head_dim, d_model, use_rope, rope_theta, forget_gate (+ gate_*), the Pro switches
-  (use_qk_norm, use_output_gate, use_output_norm, use_kv_shift), qk_norm_shared_scale, init_std, dtype,
-  param_dtype, attention_impl and debug_checks, and attention_window and prune_epsilon if present.
+  (use_qk_norm, use_output_gate, use_output_norm, use_kv_shift), qk_norm_shared_scale, norm_eps,
+  init_std, dtype, param_dtype, attention_impl and debug_checks, and attention_window and prune_epsilon if present.
   """
 
   config: object
@@ -74,9 +77,9 @@ class ForgettingAttention(nn.Module):
       return Projection((heads, head_dim), ("embed", "heads", "head_dim"), init_std=cfg.init_std,
                         dtype=dtype, param_dtype=param_dtype, name=name)(x)
 
-    def head_norm(name, eps):
-      shape = (head_dim,) if cfg.qk_norm_shared_scale else (heads, head_dim)
-      axes = ("head_dim",) if cfg.qk_norm_shared_scale else ("heads", "head_dim")
+    def head_norm(name, eps, shared):
+      shape = (head_dim,) if shared else (heads, head_dim)
+      axes = ("head_dim",) if shared else ("heads", "head_dim")
       return RMSNorm(eps=eps, dtype=dtype, param_dtype=param_dtype, scale_axes=axes,
                      scale_shape=shape, name=name)
 
@@ -87,7 +90,8 @@ class ForgettingAttention(nn.Module):
       k = KVShift(cfg, name="k_shift")(x, k, segment_ids, cache["k_prev"] if decoding else None)
       v = KVShift(cfg, name="v_shift")(x, v, segment_ids, cache["v_prev"] if decoding else None)
     if cfg.use_qk_norm:
-      q, k = head_norm("q_norm", 1e-5)(q), head_norm("k_norm", 1e-5)(k)
+      shared = cfg.qk_norm_shared_scale
+      q, k = head_norm("q_norm", 1e-5, shared)(q), head_norm("k_norm", 1e-5, shared)(k)
     if cfg.use_rope:
       if decoding:
         positions = (context["lengths"] - context["rope_start"])[:, None]
@@ -120,7 +124,7 @@ class ForgettingAttention(nn.Module):
       cache = {**cache, **last_candidates(candidates, context["lengths"], decoding)}
 
     if cfg.use_output_norm:
-      o = head_norm("o_norm", 1e-6)(o)
+      o = head_norm("o_norm", cfg.norm_eps, shared=False)(o)
     if cfg.use_output_gate:
       o = o * jax.nn.sigmoid(project("g_proj").astype(jnp.float32)).astype(o.dtype)
     out = Projection((cfg.d_model,), ("heads", "head_dim", "embed"), in_ndim=2, init_std=cfg.init_std,

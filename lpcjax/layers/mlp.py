@@ -9,9 +9,13 @@ from .common import dtype_of, normal_init
 
 
 def swiglu_hidden_size(d_model, ratio, multiple_of=256):
-  """hidden = multiple_of * ceil(d_model * ratio * 2/3 / multiple_of): the 2/3 keeps the three
-  SwiGLU matrices at the parameter count of a ratio-wide two-matrix MLP (FoX/LLaMA recipe)."""
-  return multiple_of * math.ceil(d_model * ratio * 2 / 3 / multiple_of)
+  """hidden = multiple_of * ceil(int(d_model * ratio * 2/3) / multiple_of): the 2/3 keeps the
+  three SwiGLU matrices at the parameter count of a ratio-wide two-matrix MLP (FoX/LLaMA recipe).
+
+  The product is truncated to an integer before rounding up, as the official FoX code does, so
+  that imported models get its widths: a product less than 1 above a multiple stays at that
+  multiple (d = 110, ratio 3.5: 256.67 -> 256, where rounding up directly would give 512)."""
+  return multiple_of * math.ceil(int(d_model * ratio * 2 / 3) / multiple_of)
 
 
 class SwiGLU(nn.Module):

@@ -1,7 +1,10 @@
 """The FoX paper's model sizes and training recipe (LongCrawl64, GPT-2 tokenizer, 16k context).
 
-Used by the configs/*_{125m,360m,760m}.py experiment files. Steps are the paper's token budget
-divided by its 32 x 16384 tokens per step; warmup is its 256M tokens.
+Used by configs/paper.py. Steps are the token budget divided by the 32 x 16384 tokens per step,
+with the budgets of the official configs (configs/experiment/longcrawl64/*/<block>_<size>_*.yaml
+in the FoX repository), which are binary: 2.5 Gi, 7 Gi and 15 Gi tokens (the paper's text rounds
+them to 2.7B, 7.5B and 16B); warm-up is 256 Mi tokens (the paper's 256M). Every budget is a
+whole number of steps: 5120, 14336 and 30720, warm-up 512.
 """
 
 from lpcjax.config import ConfigError, ExperimentConfig, TrainConfig
@@ -11,12 +14,17 @@ from .fox import FoXConfig
 from .transformer import TransformerConfig
 
 TOKENS_PER_STEP = 32 * 16384
+GI = 2 ** 30
+WARMUP_TOKENS = 256 * 2 ** 20  # 268,435,456
 # size -> (layers, d_model, FoX heads, peak lr, training tokens)
 PAPER_SIZES = {
-    "125m": (12, 768, 12, 2e-3, 2.7e9),
-    "360m": (24, 1024, 16, 2e-3, 7.5e9),
-    "760m": (24, 1536, 24, 1e-3, 16e9),
+    "125m": (12, 768, 12, 2e-3, 5 * GI // 2),  # 2,684,354,560 (official *_125m_2b)
+    "360m": (24, 1024, 16, 2e-3, 7 * GI),  # 7,516,192,768 (*_360m_7b)
+    "760m": (24, 1536, 24, 1e-3, 15 * GI),  # 16,106,127,360 (*_760m_16b)
 }
+# The official Transformer baselines use RoPE base 500000 at every size; so do the FoX configs
+# (where RoPE is off unless model.use_rope=true).
+ROPE_THETA = 500000.0
 
 
 def paper_experiment(family, size, block="llama"):
@@ -29,15 +37,15 @@ def paper_experiment(family, size, block="llama"):
                       f"blocks llama, pro; sizes {sorted(PAPER_SIZES)}")
   layers, d_model, heads, lr, tokens = PAPER_SIZES[size]
   common = dict(vocab_size=50257, d_model=d_model, num_layers=layers, block=block, dtype="bfloat16",
-                remat_policy="full")
+                remat_policy="full", rope_theta=ROPE_THETA)
   if family == "fox":
     model = FoXConfig(num_heads=heads, **common)
-  elif size == "760m":  # the paper's 760M Transformer uses fewer, wider heads and RoPE base 5e5
-    model = TransformerConfig(num_heads=12, head_dim=128, rope_theta=500000.0, **common)
+  elif size == "760m":  # the paper's 760M Transformer (LLaMA and Pro) uses fewer, wider heads
+    model = TransformerConfig(num_heads=12, head_dim=128, **common)
   else:
     model = TransformerConfig(num_heads=heads, **common)
-  steps = int(tokens // TOKENS_PER_STEP)
-  train = TrainConfig(steps=steps, learning_rate=lr, warmup_steps=int(256e6 // TOKENS_PER_STEP),
+  steps = tokens // TOKENS_PER_STEP
+  train = TrainConfig(steps=steps, learning_rate=lr, warmup_steps=WARMUP_TOKENS // TOKENS_PER_STEP,
                       log_every=50, eval_every=1000, eval_batches=16)
   data = TokenFileConfig(seq_len=16384, batch_size=32)
   suffix = "" if block == "llama" else f"_{block}"

@@ -29,13 +29,14 @@ class TransformerConfig:
   output_gate: Optional[bool] = None
   output_norm: Optional[bool] = None
   kv_shift: Optional[bool] = None
-  qk_norm_shared_scale: bool = True  # one QK/output-norm scale for all heads (released FoX ckpts)
+  qk_norm_shared_scale: bool = True  # one QK-norm scale for all heads (released FoX ckpts); the
+  # output norm always has one scale per channel of every head, as in the official model
   mlp_ratio: Optional[float] = None  # None: 4.0 (LLaMA), 3.5 (Pro, offsets the output gate)
   mlp_multiple_of: int = 256
   use_rope: bool = True
   rope_theta: float = 10000.0
   tie_embeddings: bool = False
-  norm_eps: float = 1e-6
+  norm_eps: float = 1e-6  # the block, final and output norms (QK-norm: 1e-5, as officially)
   init_std: float = 0.02
   dtype: str = "float32"  # compute dtype of activations and matmuls
   param_dtype: str = "float32"

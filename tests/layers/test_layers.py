@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpcjax.layers import (ForgetGate, KVShift, RMSNorm, apply_rope, geometric_timescales,
-                           segment_positions, swiglu_hidden_size, timescale_bias)
+from lpcjax.layers import (ForgetGate, ForgettingAttention, KVShift, RMSNorm, apply_rope,
+                           geometric_timescales, segment_positions, swiglu_hidden_size,
+                           timescale_bias)
 from lpcjax.models import FoXConfig
 
 
@@ -26,6 +27,8 @@ def test_swiglu_hidden_size_follows_fox_recipe():
   assert swiglu_hidden_size(768, 4.0) == 2048  # 768 * 4 * 2/3 = 2048 exactly
   assert swiglu_hidden_size(1536, 3.5) == 3584  # Pro ratio
   assert swiglu_hidden_size(1000, 4.0) == 2816  # 2666.7 rounded up to a multiple of 256
+  # The official code truncates before rounding up: 110 * 3.5 * 2/3 = 256.67 -> 256, not 512.
+  assert swiglu_hidden_size(110, 3.5) == 256
 
 
 def test_rope_depends_only_on_relative_position():
@@ -91,3 +94,19 @@ def test_data_dependent_gate_can_start_from_timescale_bias():
   gate = ForgetGate(tiny(gate_bias_init="timescale", gate_t_min=2.0, gate_t_max=128.0))
   log_f = gate.apply(gate.init(jax.random.PRNGKey(0), x), x)  # x = 0: only the bias acts
   np.testing.assert_allclose(log_f[0, 0], -1 / np.array([2, 8, 32, 128]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_pro_output_norm_is_per_channel_of_every_head_with_norm_eps(shared):
+  """As in the official model: only the QK-norm scale follows qk_norm_shared_scale; the output
+  norm has heads x head_dim weights and the config's norm_eps."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, 6, 16))
+  layer = lambda **kw: ForgettingAttention(tiny(block="pro", attention_impl="reference",
+                                                qk_norm_shared_scale=shared, **kw))
+  params = layer().init(jax.random.PRNGKey(1), x)["params"]
+  unbox = lambda p: np.asarray(getattr(p, "value", p))
+  assert unbox(params["q_norm"]["scale"]).shape == ((4,) if shared else (4, 4))
+  assert unbox(params["o_norm"]["scale"]).shape == (4, 4)
+  # A huge eps shrinks the normalized output towards 0 (and the layer's output with it).
+  base, damped = layer().apply({"params": params}, x), layer(norm_eps=1e4).apply({"params": params}, x)
+  assert float(jnp.max(jnp.abs(damped))) < 0.1 * float(jnp.max(jnp.abs(base)))

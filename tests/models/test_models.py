@@ -106,13 +106,13 @@ def fox_760m_parameters(block):
   (REFERENCE.md): 24 layers, d_model 1536, 24 heads x 64, GPT-2 vocabulary, untied head."""
   layers, d, heads, head_dim, vocab = 24, 1536, 24, 64, 50257
   pro = block == "pro"
-  hidden = 3584 if pro else 4096  # SwiGLU 256 * ceil(d * ratio * 2/3 / 256), ratio 3.5 Pro, 4 LLaMA
+  hidden = 3584 if pro else 4096  # SwiGLU 256 * ceil(int(d * ratio * 2/3) / 256), ratio 3.5 Pro, 4 LLaMA
   attention = (5 if pro else 4) * d * heads * head_dim  # q, k, v, o (+ the Pro output gate)
   forget_gate = d * heads + heads  # w_f and b_f per head
   kv_shift = 2 * d * heads if pro else 0  # one shift gate per head for k and for v, no bias
-  # q, k and output norm, one scale shared by all heads (qk_norm_shared_scale; REFERENCE.md has
-  # the official output norm per channel, 24 x 64, whatever that flag says).
-  head_norms = 3 * head_dim if pro else 0
+  # q and k norm: one scale shared by all heads (qk_norm_shared_scale); the output norm: one
+  # per channel of every head, 24 x 64, whatever that flag says (the official model).
+  head_norms = 2 * head_dim + heads * head_dim if pro else 0
   layer = attention + forget_gate + kv_shift + head_norms + 2 * d + 3 * d * hidden  # + 2 RMSNorms
   return vocab * d + layers * layer + d  # + token embedding, final norm
 

@@ -3,8 +3,8 @@
 from .attention import ForgettingAttention, KVShift
 from .common import RMSNorm
 from .forget_gate import ForgetGate, geometric_timescales, timescale_bias
-from .lpcsm import (MHC, MHCConfig, ONT, ONTConfig, ControllerConfig, DualTimescaleMemory, MemoryConfig,
-                    SparseController, causal_standardize, collapse_streams, expand_streams, linear_recurrence,
+from .lpcsm import (MHC, MHCConfig, ONT, ONTConfig, ControllerConfig, DualTimescaleMemory, LocalAttention,
+                    LocalAttentionConfig, MemoryConfig, SparseController, causal_standardize, collapse_streams, expand_streams, linear_recurrence,
                     ont_write, sinkhorn)
 from .mlp import SwiGLU, swiglu_hidden_size
 from .pma import EncoderLayer, OverlapAggregator, PMABlock, PMAConfig, PMAStack
@@ -14,6 +14,6 @@ from .sith import SITHCompressor, sith_filters, sith_peaks
 __all__ = ["EncoderLayer", "ForgettingAttention", "KVShift", "OverlapAggregator", "PMABlock", "PMAConfig", "PMAStack",
            "RMSNorm", "ForgetGate", "geometric_timescales", "timescale_bias", "SwiGLU", "swiglu_hidden_size",
            "apply_rope", "segment_positions", "SITHCompressor", "sith_filters", "sith_peaks",
-           "MHC", "MHCConfig", "ONT", "ONTConfig", "ControllerConfig", "DualTimescaleMemory", "MemoryConfig",
+           "LocalAttention", "LocalAttentionConfig", "MHC", "MHCConfig", "ONT", "ONTConfig", "ControllerConfig", "DualTimescaleMemory", "MemoryConfig",
            "SparseController", "causal_standardize", "collapse_streams", "expand_streams", "linear_recurrence",
            "ont_write", "sinkhorn"]

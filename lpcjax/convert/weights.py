@@ -151,9 +151,14 @@ def _check_fixed_gate(cfg, stored, prefix):
                        f"decay_time_min={cfg.gate_t_min}, decay_time_max={cfg.gate_t_max}")
 
 
-def _stack(layers):
+def _stack(layers, path=("layers",)):
+  """Per-layer trees -> one tree of [num_layers, ...] arrays; layers must agree in shape."""
   if isinstance(layers[0], dict):
-    return {key: _stack([layer[key] for layer in layers]) for key in layers[0]}
+    return {key: _stack([layer[key] for layer in layers], path + (key,)) for key in layers[0]}
+  for i, array in enumerate(layers):
+    if array.shape != layers[0].shape:
+      name = "".join(f"[{key!r}]" for key in path)
+      raise ConvertError(f"{name}: layer {i}'s tensor has shape {array.shape}, layer 0's {layers[0].shape}")
   return np.stack(layers)
 
 

@@ -62,12 +62,20 @@ def heads_major(x, padded_len):
 # (a loop index times the block size); lax.div on non-negative operands is the floor division
 # that both XLA and the Triton lowering accept.
 
+def floor_div(a, b):
+  """a // b for non-negative integers, a traced (int32 in a kernel, where program ids are int32)
+  and b a Python int or an array. lax.div does not promote: under ``jax_enable_x64`` a Python
+  int becomes int64 and lax.div(int32, int64) fails at trace time, so b takes a's dtype."""
+  a = jnp.asarray(a)
+  return lax.div(a, jnp.asarray(b, a.dtype))
+
+
 def first_key_block_in_window(q_start, block_k, window):
   """The first key block that reaches into the window of the query block starting at q_start:
   the blocks left of it hold only keys at least ``window`` before every query, and are skipped."""
   if window is None:
     return 0
-  return lax.div(jnp.maximum(q_start - window + 1, 0), block_k)
+  return floor_div(jnp.maximum(q_start - window + 1, 0), block_k)
 
 
 def query_block_end_in_window(k_start, block_k, block_q, num_q_blocks, window):
@@ -75,4 +83,4 @@ def query_block_end_in_window(k_start, block_k, block_q, num_q_blocks, window):
   last key, k_start + block_k - 1, is seen up to query k_start + block_k + window - 2)."""
   if window is None:
     return num_q_blocks
-  return jnp.minimum(lax.div(k_start + block_k + window - 2, block_q) + 1, num_q_blocks)
+  return jnp.minimum(floor_div(k_start + block_k + window - 2, block_q) + 1, num_q_blocks)

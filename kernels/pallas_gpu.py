@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, pad_seq,
+from .block_sizes import (BlockSizes, first_key_block_in_window, floor_div, heads_major, pad_seq,
                           query_block_end_in_window)
 from .pruning import unless_skipped
 from .reference import tile_logits
@@ -127,16 +127,16 @@ def _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window, carry):
   pruned: see pruning.py). A window starts the sweep at the first key block it reaches, and
   the blocks left of the diagonal before ceil((q_start + bq - window) / bk), which it covers
   only in part, get its mask; so do the crossing blocks (the band may end inside them)."""
-  first_crossing = lax.div(q_start, bk)
+  first_crossing = floor_div(q_start, bk)
   left = dict(causal=False, thr=thr, tile_gates=lambda c_k: (c_q, c_k))
   first_inside = 0
   if window is not None:
     first = first_key_block_in_window(q_start, bk, window)
-    first_inside = jnp.minimum(lax.div(jnp.maximum(q_start + bq - window, 0) + bk - 1, bk),
+    first_inside = jnp.minimum(floor_div(jnp.maximum(q_start + bq - window, 0) + bk - 1, bk),
                                first_crossing)
     carry = _block_loop(tile, c_ref, bk, first, first_inside, carry, band=window, **left)
   carry = _block_loop(tile, c_ref, bk, first_inside, first_crossing, carry, **left)
-  return _block_loop(tile, c_ref, bk, first_crossing, lax.div(q_start + bq + bk - 1, bk), carry,
+  return _block_loop(tile, c_ref, bk, first_crossing, floor_div(q_start + bq + bk - 1, bk), carry,
                      causal=True, band=window)
 
 
@@ -187,16 +187,16 @@ def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, d
   # blocks below the diagonal from (k_start + window) // bq on, which it covers only in part,
   # get its mask; so do the crossing blocks.
   num_q_blocks = seq_len // bq
-  first_below = lax.div(k_start + bk + bq - 1, bq)
+  first_below = floor_div(k_start + bk + bq - 1, bq)
   end = query_block_end_in_window(k_start, bk, bq, num_q_blocks, window)
   zeros = jnp.zeros(k.shape, jnp.float32)
-  carry = _block_loop(tile, c_ref, bq, lax.div(k_start, bq), first_below,
+  carry = _block_loop(tile, c_ref, bq, floor_div(k_start, bq), first_below,
                       (zeros, zeros, jnp.zeros((bk,), jnp.float32)), causal=True, band=window)
   below = dict(causal=False, thr=thr, tile_gates=lambda c_q: (c_q, c_k))
   if window is None:
     dk, dv, dc = _block_loop(tile, c_ref, bq, first_below, end, carry, **below)
   else:
-    first_partial = jnp.maximum(jnp.minimum(lax.div(k_start + window, bq), end), first_below)
+    first_partial = jnp.maximum(jnp.minimum(floor_div(k_start + window, bq), end), first_below)
     carry = _block_loop(tile, c_ref, bq, first_below, first_partial, carry, **below)
     dk, dv, dc = _block_loop(tile, c_ref, bq, first_partial, end, carry, band=window, **below)
   dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)

@@ -212,6 +212,24 @@ def test_backend_with_window_matches_reference(impl, seq_len, window, sizes, sta
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("impl", BACKENDS)
+@pytest.mark.parametrize("window,prune_epsilon", [(None, None), (8, 1e-6)], ids=["full", "window-pruned"])
+def test_backend_under_x64_matches_reference(x64, impl, window, prune_epsilon):
+  """float32 inputs and int64 segment ids (numpy's default) under jax_enable_x64 (the ``x64``
+  fixture, tests/kernels/conftest.py)."""
+  q, k, v, log_f, do = make_inputs(7, 1, 40, 2, 16)
+  seg = jnp.asarray((np.arange(40)[None] >= 23).astype(np.int64))
+  assert seg.dtype == jnp.int64
+  options = dict(segment_ids=seg, window=window)
+  o_ref, g_ref = value_and_grads("reference", q, k, v, log_f, do, **options)
+  o, g = value_and_grads(impl, q, k, v, log_f, do, block_sizes=BlockSizes(16, 16),
+                         prune_epsilon=prune_epsilon, **options)
+  assert o.dtype == jnp.float32 and g[3].dtype == jnp.float32
+  np.testing.assert_allclose(o, o_ref, atol=1e-5, rtol=1e-5)
+  for name, a, b in zip(("dq", "dk", "dv", "dlog_fgate"), g, g_ref):
+    np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4, err_msg=name)
+
+
 @pytest.mark.parametrize("impl", ["reference"] + BACKENDS)
 def test_window_covering_the_sequence_is_no_window(impl):
   q, k, v, log_f, _ = make_inputs(6, 1, 20, 2, 16)

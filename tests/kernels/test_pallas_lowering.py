@@ -68,6 +68,13 @@ def test_forward_and_backward_lower(head_dim, dtype):
   assert triton_kernel_count(text) == 3  # forward, dK/dV/dc, dQ
 
 
+def test_lowers_under_x64(x64):
+  """Under jax_enable_x64 Python ints trace as int64 next to the int32 program ids."""
+  text = lower_for_cuda(loss_and_grads(prune_epsilon=1e-4, segments=True, window=40),
+                        *specs(200, 64, jnp.bfloat16))
+  assert triton_kernel_count(text) == 3
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_pruning_segments_and_padding_lower(head_dim):
   # 200 is not a multiple of any block; pruning adds a lax.cond to every off-diagonal loop.

@@ -58,15 +58,25 @@ def _torch_bins(paths):
   return tensors
 
 
+def _weight_files(directory, stem, suffix):
+  """The files of one saved model: those an index names (sharded save), else STEM*.SUFFIX."""
+  index = os.path.join(directory, f"{stem}.{suffix}.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      return sorted({os.path.join(directory, name) for name in json.load(f)["weight_map"].values()})
+  return sorted(glob.glob(os.path.join(directory, f"{stem}*.{suffix}")))
+
+
 def read_weights(directory):
-  """{tensor name: float32 array} of every weight file in ``directory``."""
-  safetensors = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+  """{tensor name: float32 array} of the model saved in ``directory`` (``model*.safetensors``,
+  else ``pytorch_model*.bin``; sharded saves through their index)."""
+  safetensors = _weight_files(directory, "model", "safetensors")
   if safetensors:
     return _safetensors(safetensors)
-  bins = sorted(glob.glob(os.path.join(directory, "*.bin")))
+  bins = _weight_files(directory, "pytorch_model", "bin")
   if bins:
     return _torch_bins(bins)
-  raise ConvertError(f"{directory}: no *.safetensors or *.bin weights")
+  raise ConvertError(f"{directory}: no model*.safetensors or pytorch_model*.bin weights")
 
 
 def write_model(directory, config, tensors):

@@ -1,12 +1,15 @@
 """Forgetting attention as Pallas kernels that lower through Triton (NVIDIA GPUs).
 
-Same algorithm as the blockwise XLA backend, as three kernels with no [T, T] array in HBM:
+Same algorithm as the blockwise XLA backend, as kernels with no [T, T] array in HBM:
 
 * forward, one program per (query block, batch, head): online softmax over the key blocks left
   of and on the causal diagonal; writes o and the log-normalizer;
 * dK/dV/dc, one program per (key block, batch, head): sweeps the query blocks from the diagonal
   down; dc_j = -sum_i dS_ij (column sums of dS);
-* dQ, one program per (query block, batch, head).
+* dQ, one program per (query block, batch, head);
+* with bf16/fp16 inputs, before both backward kernels: the row term delta_i = sum_j P_ij dP_ij,
+  one program per (query block, batch, head) over the dQ kernel's tiles (row_term.py says why
+  it is not read off the output there).
 
 d log_fgate is then the reverse cumsum of dc, outside the kernels. No atomics are needed. Each
 sweep runs in two loops: tiles wholly on one side of the causal diagonal skip the position
@@ -33,6 +36,7 @@ from jax.experimental import pallas as pl
 
 from .block_sizes import (BlockSizes, first_key_block_in_window, floor_div, heads_major, pad_seq,
                           query_block_end_in_window)
+from . import row_term
 from .pruning import unless_skipped
 from .reference import tile_logits
 
@@ -221,6 +225,22 @@ def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, de
   dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
 
 
+def _row_term_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, *,
+                     scale2, bq, bk, prune, window):
+  """delta_i = sum_j P_ij dP_ij over the dQ kernel's tiles (bf16/fp16 inputs; row_term.py)."""
+  q, do, lse = q_ref[...], do_ref[...], lse_ref[...]
+  q_start, c_q, seg_q, thr = _program_block(bq, c_ref, seg_ref, thr_ref, prune)
+
+  def tile(k_start, keys, c_k, causal, band, delta):
+    s = _tile_logits2(q, k_ref[keys, :], c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2,
+                      causal, band)
+    p = jnp.exp2(s - lse[:, None])
+    return delta + jnp.sum(p * _dot(do, v_ref[keys, :].T), axis=-1)
+
+  delta_ref[...] = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window,
+                              jnp.zeros((bq,), jnp.float32))
+
+
 # Block specs over grid (block index, batch, head).
 def _seq_block(block, head_dim):  # [B, T, H, D] -> one [block, D] tile of one head
   return pl.BlockSpec((None, block, None, head_dim), lambda i, b, h: (b, i, h, 0))
@@ -255,6 +275,25 @@ def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, interpret, prune, window):
       interpret=interpret,
       name="forgetting_attention_fwd",
   )(q, k, v, c2, seg, thr2)
+
+
+def _row_term(q, k, v, c2, seg, thr2, do, lse2, sm_scale, sizes, interpret, prune, window):
+  """delta [B, H, T] float32 recomputed from the tiles, with the dQ kernel's grid and tiles."""
+  batch, seq_len, heads, head_dim = q.shape
+  full, vec = _seq_full(seq_len, head_dim), _vec_full(seq_len)
+  bq, bk = sizes.block_q_dq, sizes.block_k_dq
+  return pl.pallas_call(
+      functools.partial(_row_term_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk, prune=prune,
+                        window=window),
+      grid=(seq_len // bq, batch, heads),
+      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, _vec_full(THRESHOLD_WIDTH),
+                _seq_block(bq, head_dim), _vec_block(bq)],
+      out_specs=_vec_block(bq),
+      out_shape=jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32),
+      compiler_params=_compiler_params(head_dim, "dq"),
+      interpret=interpret,
+      name="forgetting_attention_row_term",
+  )(q, k, v, c2, seg, thr2, do, lse2)
 
 
 def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret, prune, window):
@@ -302,14 +341,19 @@ def _pallas(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune, wi
 def _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune, window):
   o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, sm_scale, sizes, interpret, prune,
                      window)
-  return o, (q, k, v, log_fgate, seg, thr2, o, lse2)
+  kept = None if row_term.recomputes(q.dtype) else o  # o is a residual only where delta reads it
+  return o, (q, k, v, log_fgate, seg, thr2, kept, lse2)
 
 
 def _pallas_bwd(sm_scale, sizes, interpret, prune, window, residuals, do):
   q, k, v, log_fgate, seg, thr2, o, lse2 = residuals
-  delta = jnp.swapaxes(jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1), 1, 2)
-  dq, dk, dv, dc = _backward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, do.astype(q.dtype), lse2,
-                             delta, sm_scale, sizes, interpret, prune, window)
+  c2, do = _scaled_cumsum(log_fgate), do.astype(q.dtype)
+  if o is None:  # bf16/fp16: recomputed from the tiles, see row_term.py
+    delta = _row_term(q, k, v, c2, seg, thr2, do, lse2, sm_scale, sizes, interpret, prune, window)
+  else:
+    delta = jnp.swapaxes(row_term.from_output(o, do), 1, 2)
+  dq, dk, dv, dc = _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret,
+                             prune, window)
   return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None, None
 
 

@@ -7,6 +7,8 @@ starts (forward, dq) or ends (dk/dv) at the last block the band reaches, so the 
 outside it are never computed, in either direction; the tiles it crosses are masked. The backward pass (a ``jax.custom_vjp``)
 recomputes each tile's probabilities from ``lse`` in two sweeps, never holding a [T, T] array:
 
+* with bf16/fp16 inputs, first a query-block sweep for the row term delta_i = sum_j P_ij dP_ij
+  (row_term.py says why it is not read off the output there);
 * a query-block sweep for dq;
 * a key-block sweep for dk, dv and dc_j = -sum_i dS_ij (the column sums of dS). The row sums
   sum_j dS_ij vanish exactly (sum_j P_ij dP_ij = delta_i), so they are not computed.
@@ -26,6 +28,7 @@ from jax import lax
 from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major,
                           query_block_end_in_window)
 from .pruning import unless_skipped
+from . import row_term
 from .reference import tile_logits
 
 
@@ -105,6 +108,32 @@ def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk, window):
   return _merge_blocks(o, 2), _merge_blocks(lse, 2)
 
 
+def _row_term(q, k, v, c, seg, thr, do, lse, sm_scale, bq, bk, window):
+  """delta_i = sum_j P_ij dP_ij [B, H, T] in float32, over the same tiles as the dq sweep (see
+  row_term.py: with bf16/fp16 inputs this replaces rowsum(o * dO))."""
+  seq_len = q.shape[2]
+
+  def one_query_block(args):
+    i, q_blk, c_q, seg_q, do_blk, lse_blk = args
+    q_start = i * bq
+
+    def tile(k_start, c_k, delta):
+      s = _tile_logits(q_blk, _slice(k, k_start, bk, 2), c_q, c_k, seg_q,
+                       _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale, window)
+      p = jnp.exp(s - lse_blk[..., None])
+      dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, _slice(v, k_start, bk, 2),
+                      preferred_element_type=jnp.float32)
+      return delta + jnp.sum(p * dp, axis=-1)
+
+    num_k_blocks = (q_start + bq + bk - 1) // bk
+    return _sweep(tile, c, bk, first_key_block_in_window(q_start, bk, window), num_k_blocks,
+                  jnp.zeros(c_q.shape, jnp.float32), thr, lambda c_k: (c_q, c_k))
+
+  blocks = (jnp.arange(seq_len // bq),) + tuple(
+      _split_blocks(x, bq, 2) for x in (q, c, seg, do, lse))
+  return _merge_blocks(lax.map(one_query_block, blocks), 2)
+
+
 def _backward_dq(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window):
   seq_len = q.shape[2]
 
@@ -174,13 +203,17 @@ def _blockwise(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk, window):
 def _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk, window):
   c = jnp.cumsum(log_fgate, axis=-1)
   o, lse = _forward(q, k, v, c, seg, thr, sm_scale, bq, bk, window)
-  return o, (q, k, v, log_fgate, seg, thr, o, lse)
+  kept = None if row_term.recomputes(q.dtype) else o  # o is a residual only where delta reads it
+  return o, (q, k, v, log_fgate, seg, thr, kept, lse)
 
 
 def _blockwise_bwd(sm_scale, bq, bk, window, residuals, do):
   q, k, v, log_fgate, seg, thr, o, lse = residuals
   c = jnp.cumsum(log_fgate, axis=-1)
-  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+  if o is None:  # bf16/fp16: recomputed from the tiles, see row_term.py
+    delta = _row_term(q, k, v, c, seg, thr, do, lse, sm_scale, bq, bk, window)
+  else:
+    delta = row_term.from_output(o, do)
   args = (q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window)
   dq = _backward_dq(*args)
   dk, dv, dc = _backward_dkv(*args)

@@ -119,17 +119,32 @@ def test_backend_with_unequal_tiles(impl, sizes):
 
 @pytest.mark.parametrize("impl", BACKENDS)
 def test_backend_bfloat16_within_documented_tolerance(impl):
-  """bf16 q/k/v: outputs within 2e-2 and gradients within 3% (relative to their max) of the
-  float32 reference on the same (rounded) inputs."""
+  """bf16 q/k/v: outputs within 2e-2 and dq, dk, dv within 3% (relative to their max) of the
+  float32 reference on the same (rounded) inputs; d log f within 1e-4, because the backward
+  recomputes its row term in float32 (kernels/row_term.py; from the bf16 output it was 1-2%)."""
   q, k, v, log_f, do = make_inputs(1, 2, 100, 2, 32, dtype=jnp.bfloat16)
   up = lambda x: x.astype(jnp.float32)
   o_ref, g_ref = value_and_grads("reference", up(q), up(k), up(v), log_f, up(do))
   o, g = value_and_grads(impl, q, k, v, log_f, do, block_sizes=BlockSizes(32, 32))
   assert o.dtype == jnp.bfloat16
   np.testing.assert_allclose(up(o), o_ref, atol=2e-2)
-  for name, a, b in zip(("dq", "dk", "dv", "dlog_fgate"), g, g_ref):
+  for name, a, b, bound in zip(("dq", "dk", "dv", "dlog_fgate"), g, g_ref, (0.03, 0.03, 0.03, 1e-4)):
     scale = float(jnp.max(jnp.abs(b)))
-    assert float(jnp.max(jnp.abs(up(a) - b))) <= 0.03 * scale, name
+    assert float(jnp.max(jnp.abs(up(a) - b))) <= bound * scale, name
+
+
+@pytest.mark.parametrize("impl", BACKENDS)
+def test_bfloat16_log_fgate_gradient_with_window_segments_and_pruning(impl):
+  """The recomputed row term sweeps the same tiles as dq: windowed, per segment, pruned."""
+  q, k, v, log_f, do = make_inputs(4, 1, 70, 2, 16, dtype=jnp.bfloat16)
+  seg = segments_from_starts(1, 70, [29])
+  up = lambda x: x.astype(jnp.float32)
+  _, g_ref = value_and_grads("reference", up(q), up(k), up(v), log_f, up(do), segment_ids=seg,
+                             window=24)
+  _, g = value_and_grads(impl, q, k, v, log_f, do, segment_ids=seg, window=24, prune_epsilon=1e-6,
+                         block_sizes=BlockSizes(16, 16))
+  scale = float(jnp.max(jnp.abs(g_ref[3])))
+  assert float(jnp.max(jnp.abs(g[3] - g_ref[3]))) <= 1e-4 * scale
 
 
 @pytest.mark.parametrize("impl", ["reference"] + BACKENDS)

@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpcjax.layers import (ForgetGate, ForgettingAttention, KVShift, RMSNorm, apply_rope, geometric_timescales,
-                           segment_positions, swiglu_hidden_size, timescale_bias)
+from lpcjax.layers import (ForgetGate, ForgettingAttention, KVShift, RMSNorm, apply_rope,
+                           geometric_timescales, segment_positions, swiglu_hidden_size,
+                           timescale_bias)
 from lpcjax.models import FoXConfig
 
 

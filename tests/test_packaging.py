@@ -18,7 +18,7 @@ def test_wheel_maps_kernels_into_lpcjax(tmp_path):
   site = tmp_path / "site"
   zipfile.ZipFile(wheel).extractall(site)
   # Import from the unpacked wheel only (not the checkout), from a directory outside the repo.
-  code = ("import lpcjax, lpcjax.kernels, lpcjax.models, lpcjax.training; "
+  code = ("import lpcjax, lpcjax.kernels, lpcjax.models, lpcjax.training, lpcjax.convert; "
           "assert lpcjax.kernels.__file__.startswith(%r); print(lpcjax.kernels.available_impls())" % str(site))
   env = {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
   out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)

@@ -75,10 +75,13 @@ class Checkpointer:
   def all_steps(self):
     return sorted(self.manager.all_steps())
 
-  def save(self, step, state, data_iterator):
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_saved_fields(state)), data=grain.checkpoint.CheckpointSave(data_iterator)),
-        force=True)
+  def save(self, step, state, data_iterator=None):
+    """Save ``state`` and, when given, the data iterator's position (a converted checkpoint,
+    ``lpcjax.convert``, has none: it can be evaluated and fine-tuned from, not resumed)."""
+    items = {"state": ocp.args.StandardSave(_saved_fields(state))}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
 
   def restore(self, abstract_state, shardings, data_iterator=None, step=None):
     """Restore the state into ``shardings`` (any mesh: Orbax reshards) and, given the data

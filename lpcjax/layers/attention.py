@@ -14,7 +14,16 @@ the paper's ablations (FoX paper, Sec. 3.2 and Table 3):
   head, shape (heads, head_dim), whatever ``qk_norm_shared_scale`` says: the official model's
   output norm is a group norm with hidden_size weights and shares nothing across heads, so this
   is the shape that represents its checkpoints.
+
+The layer reads an ``AttentionConfig`` (the family configs build one with
+``attention_config()``); in another model, give it the few fields that matter:
+
+    attn = ForgettingAttention(AttentionConfig(d_model=512, num_heads=8, head_dim=64,
+                                               use_rope=False, gate=GateConfig(num_heads=8)))
 """
+
+import dataclasses
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -24,24 +33,70 @@ from lpcjax.kernels import forgetting_attention, segment_starts, sharded_forgett
 from lpcjax.sharding import attention_mesh_axes
 
 from .common import Projection, RMSNorm, dtype_of, normal_init
-from .forget_gate import ForgetGate
+from .forget_gate import ForgetGate, GateConfig
 from .rope import apply_rope, segment_positions
 
 HEADS = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
 
 
-class KVShift(nn.Module):
-  """Data-dependent token shift of one projected stream ([batch, seq, heads, head_dim])."""
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+  """What ``ForgettingAttention`` and ``init_layer_cache`` read.
 
-  config: object
+  * Sizes: ``d_model`` (input and output width), ``num_heads``, ``head_dim``.
+  * ``gate``: the forget gate (``GateConfig``, its num_heads = ``num_heads``), or None: no gate,
+    log f = 0, exactly causal softmax attention (the ``transformer`` family).
+  * ``use_rope``, ``rope_theta``: rotary embedding of q and k and its base.
+  * Pro parts (module docstring), each a switch: ``use_qk_norm`` (with ``qk_norm_shared_scale``:
+    one QK-norm scale for all heads), ``use_output_norm`` (eps ``norm_eps``),
+    ``use_output_gate``, ``use_kv_shift``.
+  * The op (``lpcjax.kernels.forgetting_attention``): ``window`` (sliding window; None: full
+    causal), ``impl`` (backend), ``prune_epsilon`` (None: exact), ``debug`` (value checks).
+  * ``init_std`` (std of every projection), ``dtype`` (compute) and ``param_dtype``, by name.
+  """
+
+  d_model: int
+  num_heads: int
+  head_dim: int
+  gate: Optional[GateConfig] = None
+  use_rope: bool = True
+  rope_theta: float = 10000.0
+  use_qk_norm: bool = False
+  qk_norm_shared_scale: bool = True
+  use_output_norm: bool = False
+  use_output_gate: bool = False
+  use_kv_shift: bool = False
+  norm_eps: float = 1e-6
+  window: Optional[int] = None
+  impl: str = "auto"
+  prune_epsilon: Optional[float] = None
+  debug: bool = False
+  init_std: float = 0.02
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.gate is not None and self.gate.num_heads != self.num_heads:
+      raise ValueError(f"AttentionConfig: gate.num_heads={self.gate.num_heads} != num_heads={self.num_heads}")
+    if self.use_rope and self.head_dim % 2:
+      raise ValueError(f"AttentionConfig: RoPE needs an even head_dim, got {self.head_dim}")
+
+
+class KVShift(nn.Module):
+  """Data-dependent token shift of one projected stream ([batch, seq, heads, head_dim]), one
+  gate per head, its weight ~ N(0, ``init_std``)."""
+
+  num_heads: int
+  init_std: float = 0.02
 
   @nn.compact
   def __call__(self, x, candidate, segment_ids=None, previous=None):
-    """``previous`` [batch, heads, head_dim]: the candidate before ``candidate``'s first token
+    """x [batch, seq, d_model], candidate [batch, seq, heads, head_dim] -> the same shape.
+
+    ``previous`` [batch, heads, head_dim]: the candidate before ``candidate``'s first token
     (cached decoding); None: zeros before the sequence and at every segment start."""
-    cfg = self.config
-    alpha = nn.Dense(cfg.num_heads, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
-                     kernel_init=normal_init(cfg.init_std, ("embed", "heads")), name="gate")(
+    alpha = nn.Dense(self.num_heads, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
+                     kernel_init=normal_init(self.init_std, ("embed", "heads")), name="gate")(
                          x.astype(jnp.float32))
     alpha = jax.nn.sigmoid(alpha)[..., None]  # [batch, seq, heads, 1]
     first = jnp.zeros_like(candidate[:, :1]) if previous is None else previous[:, None].astype(candidate.dtype)
@@ -53,24 +108,21 @@ class KVShift(nn.Module):
 
 
 class ForgettingAttention(nn.Module):
-  """x [batch, seq, d_model] -> [batch, seq, d_model].
+  """x [batch, seq, d_model] -> [batch, seq, d_model], configured by an ``AttentionConfig``."""
 
-  ``config`` is a transformer/fox config (see lpcjax.models); the fields read are num_heads,
-  resolved_head_dim, d_model, use_rope, rope_theta, forget_gate (+ gate_*), the Pro switches
-  (use_qk_norm, use_output_gate, use_output_norm, use_kv_shift), qk_norm_shared_scale, norm_eps,
-  init_std, dtype, param_dtype, attention_impl and debug_checks, and attention_window and prune_epsilon if present.
-  """
-
-  config: object
+  config: AttentionConfig
 
   @nn.compact
   def __call__(self, x, segment_ids=None, cache=None, context=None):
-    """Without ``cache``: the parallel pass, x [batch, seq, d] -> [batch, seq, d]. With one
-    (cached decoding, see ``lpcjax.generation``): returns (output, updated cache); x is either
-    the whole right-padded prompt (the cache is empty: the parallel kernel runs and fills it) or
-    one new token per row, at position ``context["lengths"]``, attending over the cache."""
+    """Without ``cache``: the parallel pass, x [batch, seq, d_model] -> [batch, seq, d_model];
+    segment_ids [batch, seq] int (optional): packed documents, nothing crosses a change of id.
+
+    With a cache (``init_layer_cache``; cached decoding, see ``lpcjax.generation``): returns
+    (output, updated cache); x is either the whole right-padded prompt (the cache is empty: the
+    parallel kernel runs and fills it) or one new token per row [batch, 1, d_model], at position
+    ``context["lengths"]`` [batch], attending over the cache (``context`` as below)."""
     cfg = self.config
-    heads, head_dim = cfg.num_heads, cfg.resolved_head_dim
+    heads, head_dim = cfg.num_heads, cfg.head_dim
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
 
     def project(name):
@@ -87,8 +139,9 @@ class ForgettingAttention(nn.Module):
     q, k, v = project("q_proj"), project("k_proj"), project("v_proj")
     candidates = (k, v)  # KV-shift state: the unshifted projections
     if cfg.use_kv_shift:
-      k = KVShift(cfg, name="k_shift")(x, k, segment_ids, cache["k_prev"] if decoding else None)
-      v = KVShift(cfg, name="v_shift")(x, v, segment_ids, cache["v_prev"] if decoding else None)
+      shift = lambda name: KVShift(heads, cfg.init_std, name=name)
+      k = shift("k_shift")(x, k, segment_ids, cache["k_prev"] if decoding else None)
+      v = shift("v_shift")(x, v, segment_ids, cache["v_prev"] if decoding else None)
     if cfg.use_qk_norm:
       shared = cfg.qk_norm_shared_scale
       q, k = head_norm("q_norm", 1e-5, shared)(q), head_norm("k_norm", 1e-5, shared)(k)
@@ -100,18 +153,17 @@ class ForgettingAttention(nn.Module):
       q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
     q, k, v = (nn.with_logical_constraint(t, HEADS) for t in (q, k, v))
 
-    if cfg.forget_gate == "none":
+    if cfg.gate is None:
       log_fgate = jnp.zeros(x.shape[:2] + (heads,), jnp.float32)
     else:
-      log_fgate = ForgetGate(cfg, name="forget_gate")(x)
-    window = getattr(cfg, "attention_window", None)  # None: full causal
+      log_fgate = ForgetGate(cfg.gate, name="forget_gate")(x)
     if decoding:
-      o, cache = cached_attention(q, k, v, log_fgate, cache, context, window)
+      o, cache = cached_attention(q, k, v, log_fgate, cache, context, cfg.window)
     else:
-      options = dict(segment_ids=segment_ids, impl=cfg.attention_impl, debug=cfg.debug_checks,
-                     prune_epsilon=getattr(cfg, "prune_epsilon", None), window=window)  # pruning: FoX configs
-      # checkify (debug_checks) cannot transform shard_map: debug runs leave attention to GSPMD.
-      placement = None if cfg.debug_checks else attention_mesh_axes(x.shape[0], heads)
+      options = dict(segment_ids=segment_ids, impl=cfg.impl, debug=cfg.debug,
+                     prune_epsilon=cfg.prune_epsilon, window=cfg.window)
+      # checkify (debug) cannot transform shard_map: debug runs leave attention to GSPMD.
+      placement = None if cfg.debug else attention_mesh_axes(x.shape[0], heads)
       if placement is None:
         o = forgetting_attention(q, k, v, log_fgate, **options)
       else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard
@@ -143,11 +195,12 @@ CACHE_AXES = ("activation_batch", "activation_length", "activation_heads", "acti
 
 
 def init_layer_cache(cfg, batch, max_len):
-  """An empty cache for one attention layer (zeros), in the compute dtype."""
-  heads, head_dim, dtype = cfg.num_heads, cfg.resolved_head_dim, dtype_of(cfg.dtype)
+  """An empty cache (zeros, in the compute dtype) for one ``ForgettingAttention(cfg)`` layer,
+  cfg an ``AttentionConfig``."""
+  heads, head_dim, dtype = cfg.num_heads, cfg.head_dim, dtype_of(cfg.dtype)
   cache = {"k": jnp.zeros((batch, max_len, heads, head_dim), dtype),
            "v": jnp.zeros((batch, max_len, heads, head_dim), dtype)}
-  if cfg.forget_gate != "none":
+  if cfg.gate is not None:
     cache["c"] = jnp.zeros((batch, max_len, heads), jnp.float32)
   if cfg.use_kv_shift:
     cache.update(k_prev=jnp.zeros((batch, heads, head_dim), dtype), v_prev=jnp.zeros((batch, heads, head_dim), dtype))

@@ -3,7 +3,7 @@
 Variants (FoX paper, Sec. 4.5 and App. D):
 
 * ``data_dependent`` (default): log f_t = log sigmoid(w . x_t + b), w ~ N(0, init_std), b = 0
-  (the paper's init), or b from the T(b) init below with ``gate_bias_init="timescale"``.
+  (the paper's init), or b from the T(b) init below with ``bias_init="timescale"``.
 * ``data_independent``: log f_t = log sigmoid(b) with a learned per-head b.
 * ``fixed``: the same with b frozen; Forgetting Attention then equals ALiBi with slope 1/T_h.
 
@@ -12,6 +12,8 @@ steps a gate sigmoid(b) needs to decay by 1/e, and the heads' T_h are geometric 
 and T_max, so b_h = logit(exp(-1 / T_h)). (Zero init makes these variants fail: f = 0.5
 halves every weight per token.)
 """
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -36,30 +38,55 @@ def timescale_bias(timescales):
   return -inv - np.log(-np.expm1(-inv))
 
 
-class ForgetGate(nn.Module):
-  """x [batch, seq, d_model] -> log f [batch, seq, heads] float32 (all <= 0).
+@dataclasses.dataclass(frozen=True)
+class GateConfig:
+  """What ``ForgetGate`` reads.
 
-  Reads num_heads, forget_gate, gate_t_min, gate_t_max, init_std from ``config``.
+  * ``num_heads``: one gate per head.
+  * ``variant``: "data_dependent", "data_independent" or "fixed" (see the module docstring).
+  * ``t_min``, ``t_max``: the T(b) geometric bias init of the heads (data-independent and fixed
+    gates, and the data-dependent one with ``bias_init="timescale"``).
+  * ``bias_init``: the data-dependent gate's bias, "zero" (the paper's) or "timescale".
+  * ``init_std``: std of the data-dependent gate's weight w.
+
+  The family configs build it: ``FoXConfig.gate_config()``, ``LocalAttentionConfig.gate_config()``.
   """
 
-  config: object
+  num_heads: int
+  variant: str = "data_dependent"
+  t_min: float = 2.0
+  t_max: float = 128.0
+  bias_init: str = "zero"
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    if self.variant not in GATE_VARIANTS[1:]:
+      raise ValueError(f"GateConfig.variant: must be one of {GATE_VARIANTS[1:]}, got {self.variant!r}")
+    if self.bias_init not in ("zero", "timescale"):
+      raise ValueError(f"GateConfig.bias_init: must be 'zero' or 'timescale', got {self.bias_init!r}")
+    if not 0 < self.t_min <= self.t_max:
+      raise ValueError(f"GateConfig: need 0 < t_min <= t_max, got ({self.t_min}, {self.t_max})")
+
+
+class ForgetGate(nn.Module):
+  """x [batch, seq, d_model] -> log f [batch, seq, heads] float32 (all <= 0)."""
+
+  config: GateConfig
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
     batch, seq_len = x.shape[:2]
-    bias_init = timescale_bias(geometric_timescales(cfg.num_heads, cfg.gate_t_min, cfg.gate_t_max))
-    if cfg.forget_gate == "data_dependent":
-      bias = jnp.asarray(bias_init, jnp.float32) if cfg.gate_bias_init == "timescale" else 0.0
+    bias_init = timescale_bias(geometric_timescales(cfg.num_heads, cfg.t_min, cfg.t_max))
+    if cfg.variant == "data_dependent":
+      bias = jnp.asarray(bias_init, jnp.float32) if cfg.bias_init == "timescale" else 0.0
       logits = nn.Dense(cfg.num_heads, use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32,
                         kernel_init=normal_init(cfg.init_std, ("embed", "heads")),
                         bias_init=constant_init(bias, ("heads",)), name="proj")(x.astype(jnp.float32))
       return jax.nn.log_sigmoid(logits)
-    if cfg.forget_gate == "data_independent":
+    if cfg.variant == "data_independent":
       bias = self.param("bias", constant_init(jnp.asarray(bias_init, jnp.float32), ("heads",)),
                         (cfg.num_heads,), jnp.float32)
-    elif cfg.forget_gate == "fixed":
+    else:  # "fixed"
       bias = jnp.asarray(bias_init, jnp.float32)
-    else:
-      raise ValueError(f"ForgetGate: unknown variant {cfg.forget_gate!r}; choose from {GATE_VARIANTS[1:]}")
     return jnp.broadcast_to(jax.nn.log_sigmoid(bias), (batch, seq_len, cfg.num_heads))

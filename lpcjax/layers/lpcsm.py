@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from lpcjax.kernels import forgetting_attention
 
 from .common import Projection, constant_init, dtype_of
-from .forget_gate import ForgetGate
+from .forget_gate import ForgetGate, GateConfig
 from .rope import apply_rope
 
 
@@ -140,7 +140,8 @@ class MHC(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class LocalAttentionConfig:
-  """Fields read by ``LocalAttention`` (and by ``ForgetGate`` when ``forget_gate`` is set).
+  """Fields read by ``LocalAttention``; with ``forget_gate`` set, the ``gate_*`` fields and
+  ``init_std`` configure its ``ForgetGate`` (``gate_config()``).
 
   The window is NOT FOUND in LPC-SM; the family config chooses it.
   """
@@ -160,6 +161,13 @@ class LocalAttentionConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   impl: str = "auto"  # forgetting_attention backend of the parallel pass
+
+  def gate_config(self):
+    """The ``GateConfig`` of the forget gate; None when ``forget_gate`` is "none"."""
+    if self.forget_gate == "none":
+      return None
+    return GateConfig(num_heads=self.num_heads, variant=self.forget_gate, t_min=self.gate_t_min,
+                      t_max=self.gate_t_max, bias_init=self.gate_bias_init, init_std=self.init_std)
 
 
 class LocalAttention(nn.Module):
@@ -188,10 +196,11 @@ class LocalAttention(nn.Module):
     q, k, v = (project(name, x, heads, ("embed", "heads", "head_dim")) for name in ("q_proj", "k_proj", "v_proj"))
     positions = position + jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
     q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
-    if cfg.forget_gate == "none":
+    gate = cfg.gate_config()
+    if gate is None:
       log_f = jnp.zeros(x.shape[:2] + (cfg.num_heads,), jnp.float32)
     else:
-      log_f = ForgetGate(cfg, name="forget_gate")(x)
+      log_f = ForgetGate(gate, name="forget_gate")(x)
     if cache is None:
       o = forgetting_attention(q, k, v, log_f, impl=cfg.impl, window=cfg.window)
     else:

@@ -1,5 +1,6 @@
 """SwiGLU feed-forward block (LLaMA)."""
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -18,16 +19,30 @@ def swiglu_hidden_size(d_model, ratio, multiple_of=256):
   return multiple_of * math.ceil(int(d_model * ratio * 2 / 3) / multiple_of)
 
 
-class SwiGLU(nn.Module):
-  """w_out(silu(w_gate x) * (w_up x)). Reads d_model, mlp_hidden_size, init_std, dtype and
-  param_dtype from ``config``."""
+@dataclasses.dataclass(frozen=True)
+class MLPConfig:
+  """What ``SwiGLU`` reads: ``d_model`` (input and output width), ``hidden`` (the width of
+  w_gate and w_up, e.g. ``swiglu_hidden_size(d_model, 4.0)``), ``init_std`` (std of every
+  kernel), ``dtype`` (compute) and ``param_dtype``, by name ("float32", "bfloat16", "float16").
+  The family configs build it with ``mlp_config()``."""
 
-  config: object
+  d_model: int
+  hidden: int
+  init_std: float = 0.02
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+
+class SwiGLU(nn.Module):
+  """w_out(silu(w_gate x) * (w_up x)): x [..., d_model] -> [..., d_model], hidden width
+  ``config.hidden``."""
+
+  config: MLPConfig
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    hidden = cfg.mlp_hidden_size
+    hidden = cfg.hidden
     dense = lambda features, axes, name: nn.Dense(
         features, use_bias=False, dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype),
         kernel_init=normal_init(cfg.init_std, axes), name=name)

@@ -25,6 +25,8 @@ REMAT_POLICIES = {
 
 
 class DecoderBlock(nn.Module):
+  """x [batch, seq, d_model] -> (x, the layer's updated cache or None)."""
+
   config: object
 
   @nn.compact
@@ -32,11 +34,11 @@ class DecoderBlock(nn.Module):
     cfg = self.config
     norm = lambda name: RMSNorm(eps=cfg.norm_eps, dtype=dtype_of(cfg.dtype),
                                 param_dtype=dtype_of(cfg.param_dtype), name=name)
-    attended = ForgettingAttention(cfg, name="attn")(norm("attn_norm")(x), segment_ids, cache, context)
+    attended = ForgettingAttention(cfg.attention_config(), name="attn")(norm("attn_norm")(x), segment_ids, cache, context)
     if cache is not None:
       attended, cache = attended
     x = x + attended
-    x = x + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(x))
+    x = x + SwiGLU(cfg.mlp_config(), name="mlp")(norm("mlp_norm")(x))
     return nn.with_logical_constraint(x, EMBED), cache
 
 
@@ -87,7 +89,7 @@ def init_cache(cfg, batch, max_len):
   tokens: per layer (stacked) the attention cache (``lpcjax.layers.attention``), and per row
   the number of tokens so far (``lengths``), the position where its current segment started
   (``rope_start``: RoPE and KV-shift restart there) and every position's segment id."""
-  layer = init_layer_cache(cfg, batch, max_len)
+  layer = init_layer_cache(cfg.attention_config(), batch, max_len)
   return {"layers": jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_layers,) + a.shape), layer),
           "lengths": jnp.zeros((batch,), jnp.int32), "rope_start": jnp.zeros((batch,), jnp.int32),
           "segments": jnp.zeros((batch, max_len), jnp.int32)}

@@ -4,7 +4,7 @@ import dataclasses
 from typing import Optional
 
 from lpcjax.config import require, require_choice
-from lpcjax.layers.forget_gate import GATE_VARIANTS
+from lpcjax.layers.forget_gate import GATE_VARIANTS, GateConfig
 
 from .decoder import DecoderLM, init_cache
 from .registry import Family, register
@@ -35,6 +35,10 @@ class FoXConfig(TransformerConfig):
             f"must be in (0, 1) or None, got {self.prune_epsilon}")
     require(0 < self.gate_t_min <= self.gate_t_max, "model.gate_t_min",
             f"need 0 < gate_t_min <= gate_t_max, got ({self.gate_t_min}, {self.gate_t_max})")
+
+  def gate_config(self):
+    return GateConfig(num_heads=self.num_heads, variant=self.forget_gate, t_min=self.gate_t_min,
+                      t_max=self.gate_t_max, bias_init=self.gate_bias_init, init_std=self.init_std)
 
 
 register(Family("fox", FoXConfig, DecoderLM, init_cache=init_cache))

@@ -36,7 +36,7 @@ from lpcjax.layers.common import DTYPES, Projection, TokenEmbed, constant_init, 
 from lpcjax.layers.lpcsm import (MHC, ControllerConfig, DualTimescaleMemory, LocalAttention, LocalAttentionConfig,
                                  MemoryConfig, MHCConfig, SparseController, collapse_streams, expand_streams,
                                  init_local_cache, initial_memory_state, initial_stats)
-from lpcjax.layers.mlp import swiglu_hidden_size
+from lpcjax.layers.mlp import MLPConfig, swiglu_hidden_size
 from lpcjax.losses import masked_cross_entropy, scored_positions
 
 from .decoder import EMBED, REMAT_POLICIES, rematted, scanned_layers
@@ -165,6 +165,10 @@ class LPCSMConfig:
         gate_t_min=self.gate_t_min, gate_t_max=self.gate_t_max, init_std=self.init_std, dtype=self.dtype,
         param_dtype=self.param_dtype, impl=self.attention_impl)
 
+  def mlp_config(self):
+    return MLPConfig(d_model=self.d_model, hidden=self.mlp_hidden_size, init_std=self.init_std,
+                     dtype=self.dtype, param_dtype=self.param_dtype)
+
   def memory_config(self):
     return MemoryConfig(d_model=self.d_model, memory_dim=self.memory_dim, chunk_size=self.chunk_size,
                         slow=self.slow_memory, ont=self.ont, fast_decay_init=self.fast_decay_init,
@@ -226,7 +230,7 @@ class LPCSMBlock(nn.Module):
       aux = {"prediction_loss": jnp.mean(jnp.square(error)), "ratio_aux": control.aux,
              "sparse_ratio": control.ratio, "fire_rate": jnp.mean(jax.lax.stop_gradient(control.mask))}
 
-    y = y + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(h + y))
+    y = y + SwiGLU(cfg.mlp_config(), name="mlp")(norm("mlp_norm")(h + y))
     x = mhc.mix_out(x, y) if mhc else x + y[..., None, :]
     x = nn.with_logical_constraint(x, ("activation_batch", "activation_length", None, "activation_embed"))
     return x, (new_state if streaming else None, aux)

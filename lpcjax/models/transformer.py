@@ -4,8 +4,9 @@ import dataclasses
 from typing import ClassVar, Optional
 
 from lpcjax.config import require, require_choice
+from lpcjax.layers.attention import AttentionConfig
 from lpcjax.layers.common import DTYPES
-from lpcjax.layers.mlp import swiglu_hidden_size
+from lpcjax.layers.mlp import MLPConfig, swiglu_hidden_size
 
 from .decoder import REMAT_POLICIES, DecoderLM, init_cache
 from .registry import Family, register
@@ -14,10 +15,12 @@ from .registry import Family, register
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """Decoder LM config. ``block="pro"`` turns on QK-norm, output gate, output norm and KV-shift
-  (each can be set alone for ablations: leave None to follow ``block``)."""
+  (each can be set alone for ablations: leave None to follow ``block``). The layers get typed
+  configs built from it: ``attention_config()``, ``mlp_config()``."""
 
   family: ClassVar[str] = "transformer"
   forget_gate: ClassVar[str] = "none"
+  prune_epsilon: ClassVar[Optional[float]] = None  # a field of FoXConfig
 
   vocab_size: int = 50257
   d_model: int = 768
@@ -96,6 +99,25 @@ class TransformerConfig:
   def mlp_hidden_size(self):
     ratio = self.mlp_ratio if self.mlp_ratio is not None else (3.5 if self.block == "pro" else 4.0)
     return swiglu_hidden_size(self.d_model, ratio, self.mlp_multiple_of)
+
+  def gate_config(self):
+    """The forget gate's ``GateConfig``: None, no gate (``FoXConfig`` has one)."""
+    return None
+
+  def attention_config(self):
+    """The ``AttentionConfig`` of every block's attention layer."""
+    return AttentionConfig(
+        d_model=self.d_model, num_heads=self.num_heads, head_dim=self.resolved_head_dim, gate=self.gate_config(),
+        use_rope=self.use_rope, rope_theta=self.rope_theta, use_qk_norm=self.use_qk_norm,
+        qk_norm_shared_scale=self.qk_norm_shared_scale, use_output_norm=self.use_output_norm,
+        use_output_gate=self.use_output_gate, use_kv_shift=self.use_kv_shift, norm_eps=self.norm_eps,
+        window=self.attention_window, impl=self.attention_impl, prune_epsilon=self.prune_epsilon,
+        debug=self.debug_checks, init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype)
+
+  def mlp_config(self):
+    """The ``MLPConfig`` of every block's SwiGLU."""
+    return MLPConfig(d_model=self.d_model, hidden=self.mlp_hidden_size, init_std=self.init_std,
+                     dtype=self.dtype, param_dtype=self.param_dtype)
 
 
 register(Family("transformer", TransformerConfig, DecoderLM, init_cache=init_cache))

@@ -4,10 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpcjax.layers import (ForgetGate, ForgettingAttention, KVShift, RMSNorm, apply_rope,
-                           geometric_timescales, segment_positions, swiglu_hidden_size,
-                           timescale_bias)
-from lpcjax.models import FoXConfig
+from lpcjax.layers import (AttentionConfig, ForgetGate, ForgettingAttention, GateConfig, KVShift, MLPConfig,
+                           RMSNorm, SwiGLU, apply_rope, geometric_timescales, segment_positions,
+                           swiglu_hidden_size, timescale_bias)
+from lpcjax.models import FoXConfig, TransformerConfig
 
 
 def tiny(**kw):
@@ -55,7 +55,7 @@ def test_timescale_init_gives_geometric_one_over_e_decay():
 
 
 def test_fixed_gate_is_alibi_slope_and_has_no_params():
-  gate = ForgetGate(tiny(forget_gate="fixed", gate_t_min=2.0, gate_t_max=128.0))
+  gate = ForgetGate(GateConfig(num_heads=4, variant="fixed", t_min=2.0, t_max=128.0))
   x = jnp.ones((1, 3, 16))
   variables = gate.init(jax.random.PRNGKey(0), x)
   assert not jax.tree.leaves(variables)
@@ -64,21 +64,20 @@ def test_fixed_gate_is_alibi_slope_and_has_no_params():
 
 def test_data_independent_gate_is_learned_and_data_dependent_starts_at_half():
   x = jax.random.normal(jax.random.PRNGKey(0), (1, 3, 16))
-  gate = ForgetGate(tiny(forget_gate="data_independent"))
+  gate = ForgetGate(GateConfig(num_heads=4, variant="data_independent"))
   variables = gate.init(jax.random.PRNGKey(0), x)
   assert jax.tree.leaves(variables)[0].shape == (4,)
-  dependent = ForgetGate(tiny())
+  dependent = ForgetGate(GateConfig(num_heads=4))
   variables = dependent.init(jax.random.PRNGKey(0), x)
   variables = jax.tree.map(jnp.zeros_like, variables)  # bias 0 at init: f = 0.5 without input
   np.testing.assert_allclose(dependent.apply(variables, x), np.log(0.5), rtol=1e-6)
 
 
 def test_kv_shift_matches_formula_and_resets_at_segments():
-  cfg = tiny()
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(1, 5, 16)), jnp.float32)
   cand = jnp.asarray(rng.normal(size=(1, 5, 4, 4)), jnp.float32)
-  shift = KVShift(cfg)
+  shift = KVShift(num_heads=4)
   params = shift.init(jax.random.PRNGKey(0), x, cand)
   w = np.asarray(jax.tree.leaves(params)[0])  # [d_model, heads]
   alpha = 1 / (1 + np.exp(-(np.asarray(x) @ w)))[..., None]
@@ -91,7 +90,7 @@ def test_kv_shift_matches_formula_and_resets_at_segments():
 
 def test_data_dependent_gate_can_start_from_timescale_bias():
   x = jnp.zeros((1, 3, 16))
-  gate = ForgetGate(tiny(gate_bias_init="timescale", gate_t_min=2.0, gate_t_max=128.0))
+  gate = ForgetGate(tiny(gate_bias_init="timescale", gate_t_min=2.0, gate_t_max=128.0).gate_config())
   log_f = gate.apply(gate.init(jax.random.PRNGKey(0), x), x)  # x = 0: only the bias acts
   np.testing.assert_allclose(log_f[0, 0], -1 / np.array([2, 8, 32, 128]), rtol=1e-5)
 
@@ -102,7 +101,7 @@ def test_pro_output_norm_is_per_channel_of_every_head_with_norm_eps(shared):
   norm has heads x head_dim weights and the config's norm_eps."""
   x = jax.random.normal(jax.random.PRNGKey(0), (1, 6, 16))
   layer = lambda **kw: ForgettingAttention(tiny(block="pro", attention_impl="reference",
-                                                qk_norm_shared_scale=shared, **kw))
+                                                qk_norm_shared_scale=shared, **kw).attention_config())
   params = layer().init(jax.random.PRNGKey(1), x)["params"]
   unbox = lambda p: np.asarray(getattr(p, "value", p))
   assert unbox(params["q_norm"]["scale"]).shape == ((4,) if shared else (4, 4))
@@ -110,3 +109,50 @@ def test_pro_output_norm_is_per_channel_of_every_head_with_norm_eps(shared):
   # A huge eps shrinks the normalized output towards 0 (and the layer's output with it).
   base, damped = layer().apply({"params": params}, x), layer(norm_eps=1e4).apply({"params": params}, x)
   assert float(jnp.max(jnp.abs(damped))) < 0.1 * float(jnp.max(jnp.abs(base)))
+
+
+def test_family_configs_build_the_layer_configs():
+  fox = tiny(block="pro", gate_t_max=64.0, attention_window=8, prune_epsilon=1e-4, debug_checks=True)
+  attention = fox.attention_config()
+  assert attention == AttentionConfig(
+      d_model=16, num_heads=4, head_dim=4, use_rope=False, use_qk_norm=True, use_output_norm=True,
+      use_output_gate=True, use_kv_shift=True, window=8, prune_epsilon=1e-4, debug=True,
+      gate=GateConfig(num_heads=4, t_max=64.0))
+  assert fox.mlp_config() == MLPConfig(d_model=16, hidden=48)
+  plain = TransformerConfig(d_model=16, num_heads=4, qk_norm=True, rope_theta=500000.0).attention_config()
+  assert plain.gate is None and plain.use_qk_norm and not plain.use_kv_shift and plain.rope_theta == 500000.0
+  assert plain.prune_epsilon is None
+
+
+def test_layer_configs_reject_impossible_combinations():
+  with pytest.raises(ValueError, match="gate.num_heads"):
+    AttentionConfig(d_model=16, num_heads=4, head_dim=4, gate=GateConfig(num_heads=2))
+  with pytest.raises(ValueError, match="even head_dim"):
+    AttentionConfig(d_model=15, num_heads=5, head_dim=3)
+  with pytest.raises(ValueError, match="variant"):
+    GateConfig(num_heads=4, variant="none")
+  with pytest.raises(ValueError, match="t_min"):
+    GateConfig(num_heads=4, t_min=8.0, t_max=2.0)
+
+
+def test_layers_live_in_another_model_with_a_few_fields():
+  """The README's example: FoX attention + SwiGLU in a user's own Linen block."""
+  import flax.linen as nn
+
+  class MyBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      attention = AttentionConfig(d_model=16, num_heads=4, head_dim=4, use_rope=False,
+                                  gate=GateConfig(num_heads=4), impl="reference")
+      x = x + ForgettingAttention(attention, name="attn")(nn.RMSNorm()(x))
+      return x + SwiGLU(MLPConfig(d_model=16, hidden=32), name="mlp")(nn.RMSNorm()(x))
+
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 16))
+  variables = MyBlock().init(jax.random.PRNGKey(1), x)
+  params = nn.unbox(variables["params"])
+  assert params["attn"]["forget_gate"]["proj"]["kernel"].shape == (16, 4)
+  assert params["mlp"]["w_up"]["kernel"].shape == (16, 32)
+  out = MyBlock().apply(variables, x)
+  assert out.shape == x.shape
+  moved = MyBlock().apply(variables, x.at[:, 4].add(1.0))  # causal
+  np.testing.assert_allclose(moved[:, :4], out[:, :4], atol=1e-6)

@@ -175,3 +175,21 @@ def test_paper_config_has_the_papers_parameter_count():
   shapes = jax.eval_shape(LPCSM(cfg.model).init, jax.random.PRNGKey(0), jnp.zeros((1, 64), jnp.int32))
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)))
   assert abs(count - 158_313_241) / 158_313_241 < 0.01, count
+
+
+def test_configs_give_the_ablations_and_the_staged_schedule():
+  from lpcjax import config as C
+  load = lambda name: C.load_experiment(f"configs/lpcsm.py:{name}")
+  a = load("tiny")
+  assert a.train.init_from is None and a.train.run_name == "lpcsm_tiny"
+  for variant, field in (("no_mhc", "mhc"), ("no_slow", "slow_memory"), ("no_pc", "predictive_coding"),
+                         ("no_ont", "ont"), ("no_stop", "stop_head")):
+    cfg = load(f"tiny_{variant}")
+    assert getattr(cfg.model, field) is False and dataclasses.replace(cfg.model, **{field: True}) == a.model
+  b, b_fixed, c = load("tiny_stage_b"), load("tiny_stage_b_fixed"), load("tiny_stage_c")
+  assert b.train.init_from == b_fixed.train.init_from == "runs/lpcsm_tiny"
+  assert b.model == a.model and b_fixed.model == dataclasses.replace(a.model, learn_ratio=False)
+  assert c.train.init_from == "runs/lpcsm_tiny_stage_b" and c.data.seq_len == 2 * a.data.seq_len
+  assert load("paper_stage_c").data.seq_len == 4096
+  with pytest.raises(ValueError, match="unknown lpcsm config"):
+    load("tiny_no_such")

@@ -136,8 +136,8 @@ class TokenPrinter:
 def check_decodes(family):
   """A one-line GenerationError for a family without cached decoding."""
   if family.init_cache is None:
-    raise GenerationError(f"the {family.name} family cannot decode token by token (it has no cached decoding: "
-                          "not a language model, or one that reads fixed windows); evaluate it with eval.py")
+    raise GenerationError(f"the {family.name} family cannot decode token by token (it registers no decoding "
+                          "cache: Family.init_cache is None); evaluate it with eval.py")
 
 
 def right_padded(rows, width, fill=0):

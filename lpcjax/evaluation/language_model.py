@@ -73,17 +73,10 @@ def _text_tokens(files, data_config, tokenizer, what):
   raise DataError(f"{what} needs text: give --haystack FILE ... (or --data)")
 
 
-def _padded_token_losses(model, params, sequence_logits, length_multiple):
-  """(inputs, targets) [batch, T] -> per-position cross-entropy [batch, T] as numpy. Inputs are
-  right-padded to a multiple of ``length_multiple`` (chunked models): padding after the last
-  position cannot change a causal model's earlier logits."""
+def _token_losses(model, params, sequence_logits):
+  """(inputs, targets) [batch, T] -> per-position cross-entropy [batch, T] as numpy."""
   losses = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(sequence_logits(model, p, x), y))
-
-  def token_losses(inputs, targets):
-    pad = (-inputs.shape[1]) % length_multiple
-    widths = ((0, 0), (0, pad))
-    return np.asarray(losses(params, np.pad(inputs, widths), np.pad(targets, widths)))[:, :inputs.shape[1]]
-  return token_losses
+  return lambda inputs, targets: np.asarray(losses(params, inputs, targets))
 
 
 def run_label(config, params):
@@ -160,8 +153,7 @@ class LanguageModelEvaluator:
         tokenizer = load_gpt2_tokenizer(getattr(data_config, "tokenizer_file", None))
         hay = _text_tokens(options.haystack or data, data_config, tokenizer, "--needle/--delayed-id")
       if options.delayed_id:
-        token_losses = _padded_token_losses(run.model, run.params, self.sequence_logits,
-                                            getattr(config.model, "chunk_size", 1))
+        token_losses = _token_losses(run.model, run.params, self.sequence_logits)
         result["delayed_identifier"] = delayed_identifier_probe(
             token_losses, hay, tokenizer, options.delayed_id_len, options.delayed_id_prompts, seed)
       if options.needle:

@@ -40,7 +40,7 @@ from lpcjax.layers.mlp import MLPConfig, swiglu_hidden_size
 from lpcjax.losses import masked_cross_entropy, scored_positions
 
 from .decoder import EMBED, REMAT_POLICIES, rematted, scanned_layers
-from .registry import Family, check_vocab, register
+from .registry import Family, check_vocab, language_model_evaluator, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,6 +316,15 @@ def lpcsm_loss(apply_fn, params, batch, **_):
   return loss, metrics, {}
 
 
+def chunk_padded_logits(model, params, inputs, segment_ids=None):
+  """The evaluator's forward pass over any length: inputs [batch, T] are right-padded to a
+  multiple of ``chunk_size`` and the padding's logits dropped (the model is causal, so padding
+  after the last position cannot change an earlier logit)."""
+  length = inputs.shape[1]
+  padded = jnp.pad(inputs, ((0, 0), (0, -length % model.config.chunk_size)))
+  return model.apply({"params": params}, padded, segment_ids=segment_ids)[:, :length]
+
+
 def check_lpcsm(config):
   check_vocab(config)
   data, model = config.data, config.model
@@ -325,4 +334,5 @@ def check_lpcsm(config):
           "lpcsm's chunked memories do not restart at document boundaries; set data.segment_ids=false")
 
 
-register(Family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm))
+register(Family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm,
+                evaluator=language_model_evaluator(chunk_padded_logits)))

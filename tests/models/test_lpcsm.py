@@ -193,3 +193,12 @@ def test_configs_give_the_ablations_and_the_staged_schedule():
   assert load("paper_stage_c").data.seq_len == 4096
   with pytest.raises(ValueError, match="unknown lpcsm config"):
     load("tiny_no_such")
+
+
+def test_evaluator_logits_take_any_length():
+  from lpcjax.models.lpcsm import chunk_padded_logits
+  model, variables = _model()
+  tokens = _tokens()
+  full = model.apply(variables, tokens)
+  np.testing.assert_allclose(chunk_padded_logits(model, variables["params"], tokens[:, :19]), full[:, :19],
+                             atol=1e-5, rtol=1e-5)

@@ -46,6 +46,8 @@ def _train(args):
 
 
 def main(argv=None):
+  from lpcjax import interrupts
+  interrupts.catch_startup_interrupts()  # a Ctrl-C during imports or compilation is never lost
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default=DEFAULT_CONFIG,
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
 from lpcjax import config as config_lib
+from lpcjax import interrupts
 from lpcjax import models
 from lpcjax.data import make_dataset, make_iterator
 from lpcjax.files import write_json_atomic
@@ -123,6 +124,7 @@ def stop_requests():
     flag["stop"] = True
 
   previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+  flag["stop"] = flag["stop"] or interrupts.requested()  # a Ctrl-C that start-up code swallowed
   try:
     yield flag
   finally:

@@ -236,3 +236,29 @@ def test_a_stop_request_at_any_moment_ends_cleanly(tmp_path):
     assert process.returncode in (0, 130), stderr
     assert "Traceback" not in stderr and "Segmentation" not in stderr
     assert not run_dir.exists() or has_checkpoint(str(run_dir))
+
+
+def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_run():
+  """The CI failure this guards against: SIGINT landed in JAX's garbage-collection callback, Python
+  printed 'Exception ignored' with a traceback, and the run trained to the end. Here the signal
+  arrives inside a __del__ (where Python swallows exceptions the same way): no traceback, and
+  the trainer's stop flag is already set when it starts."""
+  script = """
+import gc, signal
+from lpcjax import interrupts
+from lpcjax.training.loop import stop_requests
+interrupts.catch_startup_interrupts()
+class Collected:
+  def __del__(self):
+    signal.raise_signal(signal.SIGINT)
+    sum(range(1000))  # the handler runs here, inside __del__
+Collected()
+gc.collect()
+print("survived", interrupts.requested())
+with stop_requests() as stop:
+  print("stop", stop["stop"])
+"""
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
+  assert result.stdout.split() == ["survived", "True", "stop", "True"]

@@ -45,6 +45,9 @@ def main(argv=None):
   except (RunError, DataError, ConfigError, GenerationError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:  # results are written atomically: an interrupted write leaves the old ones
+    print("error: interrupted; no new results were written", file=sys.stderr)
+    return 130
   for evaluator, result in zip(evaluators, results):
     print("\n".join(evaluator.report(result)))
   print(f"wrote {out}")

@@ -17,7 +17,7 @@ from lpcjax.evaluation.per_token import confidence_band, roll_batch
 from lpcjax.sharding import make_mesh
 from lpcjax.training import train
 
-from conftest import REPO, tiny_experiment, write_token_file
+from conftest import REPO, cli, tiny_experiment, write_token_file
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +129,20 @@ def test_bad_runs_and_data(runs, tmp_path):
   result = subprocess.run([sys.executable, str(REPO / "eval.py"), "--run", str(tmp_path)],
                           capture_output=True, text=True)
   assert result.returncode == 2 and result.stderr.strip() == f"error: {tmp_path}: no checkpoint (has the run saved one?)"
+
+
+def test_an_interrupted_evaluation_is_one_line_and_keeps_the_old_results(runs, tmp_path, monkeypatch, capsys):
+  out = tmp_path / "eval"
+  assert cli("eval")(["--run", runs["fox"], "--out", str(out), "--max-sequences", "1"]) == 0
+  before = (out / "per_token.json").read_text()
+
+  def interrupted(self, results, out_dir, args):  # Ctrl-C as the results are being written
+    raise KeyboardInterrupt
+  monkeypatch.setattr(LanguageModelEvaluator, "write", interrupted)
+  capsys.readouterr()
+  assert cli("eval")(["--run", runs["fox"], "--out", str(out), "--max-sequences", "1"]) == 130
+  assert capsys.readouterr().err.splitlines()[-1] == "error: interrupted; no new results were written"
+  assert (out / "per_token.json").read_text() == before
 
 
 def test_recall_by_distance_buckets_by_key_query_distance():

@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from lpcjax import interrupts  # standard library only: JAX is imported later, inside main
+
 
 def _run_parser(add_help):
   parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
@@ -24,6 +26,15 @@ def _run_parser(add_help):
 
 
 def main(argv=None):
+  with interrupts.remembered():  # a Ctrl-C that a GC callback swallowed still stops before writing
+    try:
+      return _main(argv)
+    except KeyboardInterrupt:  # results are written atomically: an interrupted write leaves the old ones
+      print("error: interrupted; no new results were written", file=sys.stderr)
+      return 130
+
+
+def _main(argv):
   known, _ = _run_parser(add_help=False).parse_known_args(argv)
   if not (known.run or known.compare):
     _run_parser(add_help=True).parse_args(argv)  # prints usage (or --help) and exits
@@ -40,14 +51,13 @@ def main(argv=None):
     evaluators[0].add_arguments(parser)
     args = parser.parse_args(argv)
     results = [evaluator.evaluate(load_run(run), args) for evaluator, run in zip(evaluators, run_dirs)]
+    if interrupts.requested():
+      raise KeyboardInterrupt
     out = args.out or os.path.join(run_dirs[0], "eval")
     evaluators[0].write(results, out, args)
   except (RunError, DataError, ConfigError, GenerationError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:  # results are written atomically: an interrupted write leaves the old ones
-    print("error: interrupted; no new results were written", file=sys.stderr)
-    return 130
   for evaluator, result in zip(evaluators, results):
     print("\n".join(evaluator.report(result)))
   print(f"wrote {out}")

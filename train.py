@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from lpcjax import interrupts  # standard library only: JAX is imported later, inside main
+
 DEFAULT_CONFIG = "fox_tiny_mqar"
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
@@ -46,8 +48,11 @@ def _train(args):
 
 
 def main(argv=None):
-  from lpcjax import interrupts
-  interrupts.catch_startup_interrupts()  # a Ctrl-C during imports or compilation is never lost
+  with interrupts.remembered():  # a Ctrl-C during imports or compilation is never lost
+    return _main(argv)
+
+
+def _main(argv):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default=DEFAULT_CONFIG,
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")

@@ -50,6 +50,18 @@ def cli(name):
   return module.main
 
 
+def ctrl_c_swallowed_by_the_interpreter():
+  """SIGINT delivered inside a __del__, where Python swallows the KeyboardInterrupt (prints
+  'Exception ignored' and carries on), as it does when the signal lands in JAX's GC callback."""
+  import signal
+
+  class Collected:
+    def __del__(self):
+      signal.raise_signal(signal.SIGINT)
+      sum(range(1000))  # the Python-level handler runs here, inside __del__
+  Collected()
+
+
 def tiny_experiment(tmp_path, *overrides, name="run"):
   """A seconds-long FoX-on-MQAR experiment writing under tmp_path/name. With a
   ``data.kind=...`` override the MQAR-only defaults are left out."""

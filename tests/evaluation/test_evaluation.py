@@ -17,7 +17,7 @@ from lpcjax.evaluation.per_token import confidence_band, roll_batch
 from lpcjax.sharding import make_mesh
 from lpcjax.training import train
 
-from conftest import REPO, cli, tiny_experiment, write_token_file
+from conftest import REPO, cli, ctrl_c_swallowed_by_the_interpreter, tiny_experiment, write_token_file
 
 
 @pytest.fixture(scope="module")
@@ -133,16 +133,28 @@ def test_bad_runs_and_data(runs, tmp_path):
 
 def test_an_interrupted_evaluation_is_one_line_and_keeps_the_old_results(runs, tmp_path, monkeypatch, capsys):
   out = tmp_path / "eval"
-  assert cli("eval")(["--run", runs["fox"], "--out", str(out), "--max-sequences", "1"]) == 0
+  evaluate = cli("eval")
+  arguments = ["--run", runs["fox"], "--out", str(out), "--max-sequences", "1"]
+  assert evaluate(arguments) == 0
   before = (out / "per_token.json").read_text()
+  original = LanguageModelEvaluator.evaluate
 
-  def interrupted(self, results, out_dir, args):  # Ctrl-C as the results are being written
+  def swallowed(self, run, args):  # a Ctrl-C that the interpreter swallows mid-evaluation
+    result = original(self, run, args)
+    ctrl_c_swallowed_by_the_interpreter()
+    return result
+
+  def interrupted(self, results, out_dir, args):  # a Ctrl-C as the results are being written
     raise KeyboardInterrupt
-  monkeypatch.setattr(LanguageModelEvaluator, "write", interrupted)
-  capsys.readouterr()
-  assert cli("eval")(["--run", runs["fox"], "--out", str(out), "--max-sequences", "1"]) == 130
-  assert capsys.readouterr().err.splitlines()[-1] == "error: interrupted; no new results were written"
-  assert (out / "per_token.json").read_text() == before
+
+  for method, replacement in (("evaluate", swallowed), ("write", interrupted)):
+    with monkeypatch.context() as patch:
+      patch.setattr(LanguageModelEvaluator, method, replacement)
+      capsys.readouterr()
+      assert evaluate(arguments) == 130
+      err = capsys.readouterr().err
+      assert err.splitlines()[-1] == "error: interrupted; no new results were written" and "Traceback" not in err
+      assert (out / "per_token.json").read_text() == before
 
 
 def test_recall_by_distance_buckets_by_key_query_distance():

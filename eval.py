@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from lpcjax import interrupts  # standard library only: JAX is imported later, inside main
+from lpcjax import cli, interrupts  # standard library only: JAX is imported later, inside main
 
 
 def _run_parser(add_help):
@@ -39,25 +39,22 @@ def _main(argv):
   if not (known.run or known.compare):
     _run_parser(add_help=True).parse_args(argv)  # prints usage (or --help) and exits
 
-  from lpcjax.config import ConfigError
-  from lpcjax.data import DataError
-  from lpcjax.evaluation import RunError, evaluators_of, load_run
-  from lpcjax.generation import GenerationError
-
   run_dirs = [known.run] if known.run else known.compare
-  try:
-    evaluators = evaluators_of(run_dirs)
-    parser = _run_parser(add_help=True)
-    evaluators[0].add_arguments(parser)
-    args = parser.parse_args(argv)
-    results = [evaluator.evaluate(load_run(run), args) for evaluator, run in zip(evaluators, run_dirs)]
-    if interrupts.requested():
-      raise KeyboardInterrupt
-    out = args.out or os.path.join(run_dirs[0], "eval")
-    evaluators[0].write(results, out, args)
-  except (RunError, DataError, ConfigError, GenerationError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
+  return cli.exit_status(lambda: _evaluate(argv, run_dirs))
+
+
+def _evaluate(argv, run_dirs):
+  from lpcjax.evaluation.runner import evaluators_of, load_run
+
+  evaluators = evaluators_of(run_dirs)
+  parser = _run_parser(add_help=True)
+  evaluators[0].add_arguments(parser)
+  args = parser.parse_args(argv)
+  results = [evaluator.evaluate(load_run(run), args) for evaluator, run in zip(evaluators, run_dirs)]
+  if interrupts.requested():
+    raise KeyboardInterrupt
+  out = args.out or os.path.join(run_dirs[0], "eval")
+  evaluators[0].write(results, out, args)
   for evaluator, result in zip(evaluators, results):
     print("\n".join(evaluator.report(result)))
   print(f"wrote {out}")

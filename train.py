@@ -16,14 +16,10 @@ import json
 import os
 import sys
 
-from lpcjax import interrupts  # standard library only: JAX is imported later, inside main
+from lpcjax import cli, interrupts  # standard library only: JAX is imported later, inside main
 
 DEFAULT_CONFIG = "fox_tiny_mqar"
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-
-
-class UsageError(Exception):
-  """A bad config, data, run directory or resume request: reported in one line."""
 
 
 def _train(args):
@@ -32,19 +28,15 @@ def _train(args):
     import jax
     jax.distributed.initialize()  # coordinator, process count and id from the environment
 
-  from lpcjax import config as config_lib
-  from lpcjax.data import DataError
-  from lpcjax.training import RunError, TrainingError, train
+  from lpcjax import experiment
+  from lpcjax.training import train
 
-  try:
-    config = config_lib.load_experiment(args.config, CONFIG_DIR)
-    config = config_lib.apply_overrides(config, args.overrides)
-    if args.print_config:
-      print(config_lib.to_json(config))
-      return None, None
-    return train(config, resume=args.resume)
-  except (config_lib.ConfigError, DataError, FileExistsError, RunError, TrainingError) as error:
-    raise UsageError(error) from None
+  config = experiment.load_experiment(args.config, CONFIG_DIR)
+  config = experiment.apply_overrides(config, args.overrides)
+  if args.print_config:
+    print(experiment.to_json(config))
+    return None, None
+  return train(config, resume=args.resume)
 
 
 def main(argv=None):
@@ -66,13 +58,13 @@ def _main(argv):
   args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
 
   try:
-    run_dir, summary = _train(args)
+    outcome = cli.exit_status(lambda: _train(args))
   except KeyboardInterrupt:  # only before the trainer starts: from then on a stop is graceful
     print("error: interrupted before training started; nothing was written", file=sys.stderr)
     return 130
-  except UsageError as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
+  if outcome == cli.USAGE_ERROR:
+    return outcome
+  run_dir, summary = outcome
   if summary is None:
     return 0
   if summary.get("already_complete"):

@@ -1,7 +1,7 @@
 """Cached decoding against recomputing the full forward pass for every new token.
 
 For each prompt length P: the time of ``--new-tokens`` cached decode steps (the on-device loop
-of ``lpcjax.generation``, after prefill) and of as many full forward passes over the padded
+of ``lpcjax.decoding``, after prefill) and of as many full forward passes over the padded
 sequence (P + new tokens, one compiled shape: what decoding without a cache costs), both greedy,
 after a warm-up, in one process; and the cache's memory per token (keys, values and, for FoX,
 the running sum of log f, per layer, plus the segment id). Random weights: speed does not
@@ -19,7 +19,7 @@ import numpy as np
 from results_file import write_results
 
 from lpcjax import models
-from lpcjax.generation import GREEDY, _decode_jit, _prefill_jit
+from lpcjax.decoding import GREEDY, _decode_jit, _prefill_jit
 
 SIZES = dict(vocab_size=50257, d_model=128, num_layers=4, num_heads=4, mlp_multiple_of=64, tie_embeddings=True)
 

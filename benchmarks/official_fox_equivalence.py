@@ -152,7 +152,7 @@ def randomize(torch, model, seed):
 
 def compare(torch, model_cls, config, tokens, seed, workdir, name):
   from lpcjax.convert import import_checkpoint
-  from lpcjax.evaluation import load_run
+  from lpcjax.evaluation.runner import load_run
   model = model_cls(config).eval()
   randomize(torch, model, seed)
   with torch.no_grad():

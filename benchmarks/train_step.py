@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpcjax import config as config_lib
+from lpcjax import experiment as config_lib
 from lpcjax import models
 from lpcjax.files import write_json_atomic
 from lpcjax.training import create_train_state, train_step

@@ -5,7 +5,7 @@ Runs in a few minutes on 2 CPU cores with no download. The same budget trains th
   python train.py --config fox_tiny_mqar model.family=transformer model.use_rope=false  # NoPE
 """
 
-from lpcjax.config import ExperimentConfig, TrainConfig
+from lpcjax.experiment import ExperimentConfig, TrainConfig
 from lpcjax.data import MQARDataConfig
 from lpcjax.models import FoXConfig
 

@@ -8,7 +8,7 @@ About 0.7 s a step on 2 CPU cores (the 50257-way output layer dominates); the Tr
 baseline: model.family=transformer.
 """
 
-from lpcjax.config import ExperimentConfig, TrainConfig
+from lpcjax.experiment import ExperimentConfig, TrainConfig
 from lpcjax.data import TextDataConfig
 from lpcjax.models import FoXConfig
 

@@ -25,7 +25,7 @@ took 3 to 10 minutes on 2 CPU cores shared with other jobs.
 
 import dataclasses
 
-from lpcjax.config import ExperimentConfig, TrainConfig
+from lpcjax.experiment import ExperimentConfig, TrainConfig
 from lpcjax.data import TextDataConfig
 from lpcjax.models import LPCSMConfig
 

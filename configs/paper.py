@@ -4,7 +4,7 @@ family: fox | transformer; size: 125m | 360m | 760m. For example ``paper:fox_pro
 Training data is not set here: add ``data.train_tokens=PREFIX`` (see README, "Train on real text").
 """
 
-from lpcjax.models.paper_sizes import paper_experiment
+from lpcjax.paper_recipe import paper_experiment
 
 
 def get_config(spec="fox_125m"):

@@ -15,7 +15,7 @@ Adam (0.9, 0.999), lr 2e-4 cosine to 2e-5, no weight decay, batch 32, clip 50.
 
 import dataclasses
 
-from lpcjax.config import ExperimentConfig, TrainConfig
+from lpcjax.experiment import ExperimentConfig, TrainConfig
 from lpcjax.data import SeriesDataConfig
 from lpcjax.models import PMTConfig
 

@@ -14,7 +14,7 @@ of windows (it writes c = 0.19; see lpcjax/layers/sith.py).
 
 import re
 
-from lpcjax.config import ConfigError, ExperimentConfig, TrainConfig
+from lpcjax.experiment import ConfigError, ExperimentConfig, TrainConfig
 from lpcjax.data import TokenFileConfig
 from lpcjax.models import SITHConfig
 

@@ -1,24 +1,22 @@
-"""Typed, frozen experiment configs; experiment files; command-line overrides; JSON round trip.
+"""The config schema, on the ground floor: it imports nothing of lpcjax but ``lpcjax.errors``.
 
-An experiment is ``ExperimentConfig(model=<family config>, data=DataConfig, train=TrainConfig)``.
-Experiment files in ``configs/`` define ``get_config() -> ExperimentConfig``. Any field can be
-overridden from the command line as ``section.field=value`` (``model.d_model=256``,
-``data.train_files=a.txt,b.txt``); ``model.family=NAME`` switches the family and
-``data.kind=NAME`` the data kind, keeping the fields both classes share. Unknown keys, unparsable values and impossible combinations fail
-at start with a ``ConfigError`` that names the field.
+Here: ``ConfigError`` and the ``require`` checks every config uses, the base of the data kinds'
+configs (``DataConfig``), the trainer's ``TrainConfig``, and the typed parsing of one section's
+``field=value`` strings (``replace_fields``). What puts a family config, a data config and a
+``TrainConfig`` together into an experiment, resolves ``model.family`` / ``data.kind`` through
+the registries, loads experiment files and round-trips JSON is one floor up, in
+``lpcjax.experiment``.
 """
 
 import dataclasses
-import importlib.util
-import json
-import os
 import types
 import typing
 from typing import ClassVar, Optional
 
+from lpcjax.errors import ConfigError
 
-class ConfigError(ValueError):
-  """A config field is unknown, has the wrong type, or conflicts with another field."""
+__all__ = ["ConfigError", "DataConfig", "TrainConfig", "replace_fields", "require", "require_choice",
+           "field_types", "switch_class"]
 
 
 def require(condition, field, message):
@@ -48,11 +46,6 @@ class DataConfig:
   def __post_init__(self):
     require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
     require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
-
-
-def _default_data():
-  from lpcjax.data.mqar import MQARDataConfig  # local: lpcjax.data imports this module
-  return MQARDataConfig()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,27 +107,6 @@ class TrainConfig:
               f"expected 'logical=mesh_axis[+mesh_axis]' or 'logical=none', got {rule!r}")
 
 
-@dataclasses.dataclass(frozen=True)
-class ExperimentConfig:
-  model: typing.Any  # a family config from lpcjax.models
-  data: DataConfig = dataclasses.field(default_factory=_default_data)  # a kind from lpcjax.data
-  train: TrainConfig = TrainConfig()
-  name: str = "experiment"
-
-  def __post_init__(self):
-    from lpcjax import models  # local: models imports this module
-    family = getattr(self.model, "family", None)
-    require(family is not None, "model", "must be a model family config from lpcjax.models")
-    require(isinstance(self.data, DataConfig) and self.data.kind, "data",
-            "must be a data config from lpcjax.data (one class per data.kind)")
-    spec = models.get(family)
-    require(self.data.kind in spec.data_kinds, "data.kind",
-            f"the {family} family reads {' or '.join(spec.data_kinds)}, not {self.data.kind!r}")
-    spec.check(self)
-    require(self.data.batch_size % self.train.grad_accum_steps == 0, "train.grad_accum_steps",
-            f"data.batch_size={self.data.batch_size} is not divisible by {self.train.grad_accum_steps}")
-
-
 # ----------------------------------------------------------------------------- overrides
 
 
@@ -161,7 +133,7 @@ def _parse_value(text, annotation, field):
   return text
 
 
-def _field_types(cls):
+def field_types(cls):
   return typing.get_type_hints(cls)
 
 
@@ -174,7 +146,7 @@ def _selector(obj):
 
 def replace_fields(obj, values, prefix):
   """dataclasses.replace with string values parsed by each field's type; names unknown keys."""
-  types_ = {name: t for name, t in _field_types(type(obj)).items() if typing.get_origin(t) is not ClassVar}
+  types_ = {name: t for name, t in field_types(type(obj)).items() if typing.get_origin(t) is not ClassVar}
   parsed = {}
   for key, text in values.items():
     field = f"{prefix}.{key}"
@@ -191,115 +163,3 @@ def switch_class(obj, target):
   kept = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
           if f.name in target_fields and getattr(obj, f.name) != f.default}
   return target(**kept)
-
-
-def switch_family(model_config, family_name):
-  from lpcjax import models  # local: models imports this module
-  return switch_class(model_config, models.get(family_name).config_cls)
-
-
-def switch_kind(data_config, kind):
-  from lpcjax import data  # local: lpcjax.data imports this module
-  return switch_class(data_config, data.get(kind).config_cls)
-
-
-def apply_overrides(config, overrides):
-  """Apply ``["model.d_model=128", ...]`` to an ExperimentConfig and re-validate it."""
-  sections = {"model": {}, "data": {}, "train": {}}
-  top = {}
-  for item in overrides:
-    if "=" not in item:
-      raise ConfigError(f"override {item!r}: expected section.field=value")
-    key, value = item.split("=", 1)
-    section, _, field = key.partition(".")
-    if section in sections and field:
-      sections[section][field] = value
-    elif key == "name":
-      top["name"] = value
-    else:
-      raise ConfigError(f"{key}: unknown key; use model.*, data.*, train.* or name")
-  model, data = config.model, config.data
-  family = sections["model"].pop("family", None)
-  if family is not None:
-    model = switch_family(model, family)
-  kind = sections["data"].pop("kind", None)
-  if kind is not None:
-    data = switch_kind(data, kind)
-  model = replace_fields(model, sections["model"], "model")
-  data = replace_fields(data, sections["data"], "data")
-  train = replace_fields(config.train, sections["train"], "train")
-  return dataclasses.replace(config, model=model, data=data, train=train, **top)
-
-
-# ----------------------------------------------------------------------------- files and JSON
-
-
-def load_experiment(path_or_name, search_dir="configs"):
-  """Load ``get_config()`` from a Python file, or from ``configs/<name>.py``.
-
-  ``file:arg`` (as in ml_collections) calls ``get_config("arg")``: ``paper:fox_pro_760m``.
-  """
-  path_or_name, _, argument = path_or_name.partition(":")
-  path = path_or_name
-  if not os.path.exists(path):
-    candidate = os.path.join(search_dir, f"{path_or_name}.py")
-    if not os.path.exists(candidate):
-      raise ConfigError(f"config {path_or_name!r}: no such file (also looked for {candidate})")
-    path = candidate
-  spec = importlib.util.spec_from_file_location(f"lpcjax_experiment_{abs(hash(path))}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise ConfigError(f"config {path}: defines no get_config()")
-  try:
-    config = module.get_config(argument) if argument else module.get_config()
-  except (KeyError, ValueError) as error:
-    if isinstance(error, ConfigError):
-      raise
-    raise ConfigError(f"config {path}:{argument}: {error!r}") from None
-  if not isinstance(config, ExperimentConfig):
-    raise ConfigError(f"config {path}: get_config() must return an ExperimentConfig")
-  return config
-
-
-def to_dict(config):
-  out = dataclasses.asdict(config)
-  out["model"] = {"family": config.model.family, **out["model"]}
-  out["data"] = {"kind": config.data.kind, **out["data"]}
-  return out
-
-
-# Before data kinds had their own classes (lpcjax <= 0.1 run directories), every data section
-# held every kind's fields. Loading such a config.json drops the other kinds' fields when they
-# hold these old defaults; any other value is an error, since it would be silently ignored.
-_FLAT_DATA_DEFAULTS = {"mqar_vocab_size": 8192, "mqar_num_pairs": 16, "mqar_gap_power": 0.1,
-                       "train_files": [], "eval_files": [], "tokenizer_file": None, "train_tokens": None,
-                       "eval_tokens": None, "segment_ids": False, "window_stride": None}
-
-
-def from_dict(values):
-  """Rebuild an ExperimentConfig from ``to_dict`` output (e.g. a run's config.json)."""
-  from lpcjax import data, models
-  model_values, data_values = dict(values["model"]), dict(values["data"])
-  family = models.get(model_values.pop("family"))
-  kind = data.get(data_values.pop("kind", "mqar"))
-  data_fields = _field_types(kind.config_cls)
-  for key in [k for k in data_values if k not in data_fields]:
-    if _FLAT_DATA_DEFAULTS.get(key, object()) == data_values[key]:
-      del data_values[key]
-
-  def build(cls, raw, prefix):
-    known = _field_types(cls)
-    unknown = set(raw) - set(known)
-    if unknown:
-      raise ConfigError(f"{prefix}.{sorted(unknown)[0]}: unknown key in saved config")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
-
-  return ExperimentConfig(model=build(family.config_cls, model_values, "model"),
-                          data=build(kind.config_cls, data_values, "data"),
-                          train=build(TrainConfig, values["train"], "train"),
-                          name=values.get("name", "experiment"))
-
-
-def to_json(config):
-  return json.dumps(to_dict(config), indent=2, sort_keys=True)

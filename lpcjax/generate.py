@@ -13,6 +13,8 @@ stops at <|endoftext|> unless --no-stop.
 import argparse
 import sys
 
+from lpcjax import cli
+
 
 def parse_args(argv):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,12 +39,11 @@ def main(argv=None):
   import flax.linen as nn
   import jax
 
-  from lpcjax.config import ConfigError
-  from lpcjax.data import DataError, load_gpt2_tokenizer
-  from lpcjax.evaluation import RunError, load_run
-  from lpcjax.generation import GenerationError, Sampling, TokenPrinter, check_decodes, generate
+  from lpcjax.data import load_gpt2_tokenizer
+  from lpcjax.decoding import GenerationError, Sampling, TokenPrinter, check_decodes, generate
+  from lpcjax.evaluation.runner import load_run
 
-  try:
+  def generate_text():
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     run = load_run(args.run, step=args.step)
     check_decodes(run.family)
@@ -66,9 +67,13 @@ def main(argv=None):
       result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
                         max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
                         on_token=TokenPrinter(decode, sys.stdout) if len(prompts) == 1 else None)
-  except (RunError, DataError, ConfigError, GenerationError, OSError, ValueError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
+    return prompts, result, decode
+
+  # OSError: an unreadable --prompts file; ValueError: a --token-ids entry that is no integer.
+  outcome = cli.exit_status(generate_text, OSError, ValueError)
+  if outcome == cli.USAGE_ERROR:
+    return outcome
+  prompts, result, decode = outcome
   if len(prompts) == 1:
     print()
   else:

@@ -65,7 +65,7 @@ def ctrl_c_swallowed_by_the_interpreter():
 def tiny_experiment(tmp_path, *overrides, name="run"):
   """A seconds-long FoX-on-MQAR experiment writing under tmp_path/name. With a
   ``data.kind=...`` override the MQAR-only defaults are left out."""
-  from lpcjax import config as C
+  from lpcjax import experiment as C
   cfg = C.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py"))
   mqar = ["model.vocab_size=64", "data.mqar_vocab_size=64", "data.mqar_num_pairs=4"]
   if any(item.startswith("data.kind=") for item in overrides):

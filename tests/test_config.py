@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from lpcjax import config as C
+from lpcjax import experiment as C
 from lpcjax.models import FoXConfig, TransformerConfig
 
 from conftest import REPO

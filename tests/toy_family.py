@@ -18,7 +18,8 @@ import numpy as np
 import optax
 
 from lpcjax import data, models
-from lpcjax.config import DataConfig, ExperimentConfig, TrainConfig, require
+from lpcjax.config import DataConfig, TrainConfig, require
+from lpcjax.experiment import ExperimentConfig
 from lpcjax.files import write_json_atomic
 
 

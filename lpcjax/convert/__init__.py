@@ -33,11 +33,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from lpcjax import config as config_lib
-from lpcjax import models
+from lpcjax import experiment, models
+from lpcjax.data import MQARDataConfig, TokenFileConfig
+from lpcjax.evaluation.runner import load_run
 from lpcjax.files import write_json_atomic
-from lpcjax.layers.common import dtype_of
+from lpcjax.layers.common import dtype_of, num_params
+from lpcjax.training.checkpoint import Checkpointer
 from lpcjax.training.runs import read_config as read_run_config
+from lpcjax.training.steps import TrainState, make_optimizer
 
 from . import formats, weights
 from .formats import FORMATS, detect
@@ -83,14 +86,13 @@ def _check_shapes(model_config, params):
 
 def experiment_config(model_config, name, seq_len=PAPER_CONTEXT):
   """The ExperimentConfig written beside an imported model (see the module docstring)."""
-  from lpcjax.data import MQARDataConfig, TokenFileConfig
   if model_config.vocab_size >= GPT2_VOCAB_SIZE:
     data = TokenFileConfig(seq_len=seq_len, batch_size=1)
   else:
     vocab = model_config.vocab_size
     pairs = max(1, min(16, vocab // 2 - 1, seq_len // 4))
     data = MQARDataConfig(seq_len=seq_len, batch_size=1, mqar_vocab_size=vocab, mqar_num_pairs=pairs)
-  return config_lib.ExperimentConfig(model=model_config, data=data, name=name)
+  return experiment.ExperimentConfig(model=model_config, data=data, name=name)
 
 
 def _is_run(path):
@@ -103,13 +105,11 @@ def _is_hf(path):
 
 def write_run(out, config, params, source, force=False):
   """An lpcjax run directory at ``out`` holding ``params`` at step 0 (see the module docstring)."""
-  from lpcjax.training.checkpoint import Checkpointer
-  from lpcjax.training.steps import TrainState, make_optimizer
   module = models.get(config.model.family).build(config.model)
   params = jax.tree.map(lambda a: jax.numpy.asarray(a, dtype=dtype_of(config.model.param_dtype)), params)
   state = TrainState.create(apply_fn=module.apply, params=params, tx=make_optimizer(config.train))
   with staged_directory(out, force, _is_run) as staging:
-    write_json_atomic(os.path.join(staging, "config.json"), config_lib.to_dict(config))
+    write_json_atomic(os.path.join(staging, "config.json"), experiment.to_dict(config))
     write_json_atomic(os.path.join(staging, "source.json"), source)
     checkpointer = Checkpointer(staging)
     try:
@@ -125,7 +125,7 @@ def import_checkpoint(src, out, seq_len=PAPER_CONTEXT, dtype="float32", force=Fa
   config = experiment_config(model, name=os.path.basename(os.path.abspath(src)), seq_len=seq_len)
   hf = read_config(src)
   source = {"source": os.path.abspath(src), "format": fmt, "model_type": hf.get("model_type"),
-            "num_params": int(sum(np.prod(a.shape) for a in jax.tree.leaves(params)))}
+            "num_params": num_params(params)}
   write_run(out, config, params, source, force=force)
   return config
 
@@ -142,7 +142,6 @@ def save_hf(out, fmt, model_config, params, force=False):
 def export_run(run_dir, out, fmt="official", step=None, force=False):
   """Write the lpcjax run ``run_dir``'s checkpoint (latest, or ``step``) as a Hugging Face
   directory ``out`` in format ``fmt`` ("official" or "fla"). Returns the config.json dict."""
-  from lpcjax.evaluation import load_run
   formats.hf_config(fmt, read_run_config(run_dir).model)  # refuse before restoring anything
   run = load_run(run_dir, step=step)
   return save_hf(out, fmt, run.config.model, run.params, force=force)

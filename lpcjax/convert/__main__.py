@@ -11,6 +11,7 @@ stderr and exit status 2; nothing is written.
 import argparse
 import sys
 
+from lpcjax import cli
 from lpcjax.convert import PAPER_CONTEXT
 
 
@@ -33,10 +34,9 @@ def parse_args(argv):
 
 def main(argv=None):
   args = parse_args(argv)
-  from lpcjax.config import ConfigError
-  from lpcjax.convert import ConvertError, export_run, import_checkpoint
-  from lpcjax.training.runs import RunError
-  try:
+  from lpcjax.convert import export_run, import_checkpoint
+
+  def convert():
     if args.to_hf:
       hf = export_run(args.src, args.out, fmt=args.format, step=args.step, force=args.force)
       print(f"wrote {args.out} ({hf['model_type']}, {args.format} format)")
@@ -44,10 +44,9 @@ def main(argv=None):
       config = import_checkpoint(args.src, args.out, seq_len=args.seq_len, dtype=args.dtype, force=args.force)
       print(f"wrote {args.out} ({config.model.family}, {config.model.describe()}); "
             f"evaluate with: python eval.py --run {args.out} --tokens PREFIX")
-  except (ConvertError, ConfigError, RunError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
-  return 0
+    return 0
+
+  return cli.exit_status(convert)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 
 
-class ConvertError(ValueError):
+class ConvertError(UserError, ValueError):
   """A checkpoint that lpcjax cannot convert: an option it does not have, a missing or
   unexpected tensor, a file it cannot read. The message is one line naming the cause."""
 

@@ -22,6 +22,8 @@ import sys
 import numpy as np
 from tqdm.auto import tqdm
 
+from lpcjax import cli
+
 from .errors import DataError
 from .tokenizer import END_OF_TEXT, load_gpt2_tokenizer
 
@@ -157,11 +159,9 @@ def main(argv=None):
   parser.add_argument("inputs", nargs="+", help=".txt, .gz, .jsonl or .jsonl.gz files")
   parser.add_argument("--tokenizer-file", default=None, help="tiktoken rank file (offline use)")
   args = parser.parse_args(argv)
-  try:
-    meta = prepare(args.out_prefix, args.inputs, args.tokenizer_file)
-  except DataError as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
+  meta = cli.exit_status(lambda: prepare(args.out_prefix, args.inputs, args.tokenizer_file))
+  if meta == cli.USAGE_ERROR:
+    return meta
   print(f"{meta['num_tokens']} tokens in {meta['num_documents']} documents -> {args.out_prefix}.bin")
   return 0
 

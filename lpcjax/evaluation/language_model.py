@@ -15,8 +15,8 @@ from lpcjax.data import (DataError, MQARDataConfig, TextDataConfig, TokenFileCon
 from lpcjax.data.prepare import read_documents, tokenizer_hash
 from lpcjax.config import switch_class
 from lpcjax.files import write_json_atomic
-from lpcjax.generation import generate
-from lpcjax.training.runs import num_params
+from lpcjax.layers.common import num_params
+from lpcjax.decoding import generate
 
 from .delayed_identifier import delayed_identifier_probe
 from .needle import needle_grid, score_generated

@@ -5,7 +5,7 @@ depth (fraction of the haystack) into a haystack of real text; the sequence ends
 question and then the value. Two ways to score, both exact match of every token of the value:
 teacher-forced (the argmax at each answer position given the true previous tokens: one parallel
 pass) and generated (greedy cached decoding of the answer after the question,
-``lpcjax.generation``). For an exact match of the whole answer the two agree (greedy decoding
+``lpcjax.decoding``). For an exact match of the whole answer the two agree (greedy decoding
 reproduces the answer exactly when every teacher-forced argmax does); the generated mode runs
 the decoding path end to end, as a user of the model would.
 """

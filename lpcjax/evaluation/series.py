@@ -26,7 +26,6 @@ import numpy as np
 from lpcjax import data
 from lpcjax.data import DataError
 from lpcjax.files import write_json_atomic
-from lpcjax.training.steps import init_variables
 
 from . import series_probes
 
@@ -53,7 +52,7 @@ class SeriesEvaluator:
     splits = {split: data.make_source(config.data, config.train.seed, split) for split in ("train", "eval")}
     variables = run.variables
     if options.random_init:
-      variables = nn.meta.unbox(init_variables(run.family, run.model, config.data, config.train.seed))
+      variables = nn.meta.unbox(run.family.init_variables(run.model, config.data, config.train.seed))
       variables = {"params": variables["params"], **{k: variables[k] for k in run.family.mutable}}
     encode = jax.jit(lambda v, x: run.model.apply(v, x))
     label = config.name + (" (random init)" if options.random_init else "")

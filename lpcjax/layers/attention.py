@@ -1,8 +1,10 @@
-"""Multi-head causal attention for the LLaMA and Pro blocks, with or without a forget gate.
+"""The one attention layer of the language models: multi-head causal attention, with or without a
+forget gate, full or sliding-window, with RoPE, the Pro-block parts and two kinds of cache.
 
-One module serves the ``transformer`` family (no gate: log f = 0, exactly causal softmax
-attention) and the ``fox`` family (Forgetting Attention). Pro-block parts, each switchable for
-the paper's ablations (FoX paper, Sec. 3.2 and Table 3):
+It serves the ``transformer`` family (no gate: log f = 0, exactly causal softmax attention), the
+``fox`` family (Forgetting Attention) and LPC-SM's local attention (a sliding window with RoPE,
+optionally FoX's gate). Pro-block parts, each switchable for the paper's ablations (FoX paper,
+Sec. 3.2 and Table 3):
 
 * KV-shift: k_t = a_t * k~_{t-1} + (1 - a_t) * k~_t with a_t = sigmoid(w . x_t) per head (no bias)
   and k~ = W_k x the unshifted candidate; the same for v with its own gate. It is applied to
@@ -14,6 +16,13 @@ the paper's ablations (FoX paper, Sec. 3.2 and Table 3):
   head, shape (heads, head_dim), whatever ``qk_norm_shared_scale`` says: the official model's
   output norm is a group norm with hidden_size weights and shares nothing across heads, so this
   is the shape that represents its checkpoints.
+
+Caches (both materialize the logits of the new tokens only, in float32):
+
+* the decoding cache (``init_layer_cache``: every position up to ``max_len``), prefilled by the
+  parallel pass over a prompt and then extended one token at a time (``lpcjax.decoding``);
+* the window cache (``init_window_cache``: the last ``window − 1`` keys), for streaming a long
+  sequence chunk by chunk (LPC-SM's ``init_state``); the outputs equal one parallel pass.
 
 The layer reads an ``AttentionConfig`` (the family configs build one with
 ``attention_config()``); in another model, give it the few fields that matter:
@@ -117,10 +126,13 @@ class ForgettingAttention(nn.Module):
     """Without ``cache``: the parallel pass, x [batch, seq, d_model] -> [batch, seq, d_model];
     segment_ids [batch, seq] int (optional): packed documents, nothing crosses a change of id.
 
-    With a cache (``init_layer_cache``; cached decoding, see ``lpcjax.generation``): returns
-    (output, updated cache); x is either the whole right-padded prompt (the cache is empty: the
-    parallel kernel runs and fills it) or one new token per row [batch, 1, d_model], at position
-    ``context["lengths"]`` [batch], attending over the cache (``context`` as below)."""
+    With a decoding cache (``init_layer_cache``; see ``lpcjax.decoding``): returns (output,
+    updated cache); x is either the whole right-padded prompt (the cache is empty: the parallel
+    kernel runs and fills it) or one new token per row [batch, 1, d_model], at position
+    ``context["lengths"]`` [batch], attending over the cache (``context`` as below).
+
+    With a window cache (``init_window_cache``): returns (output, rolled cache); x is the next
+    chunk of a stream whose first token sits at ``context["position"]`` (a scalar)."""
     cfg = self.config
     heads, head_dim = cfg.num_heads, cfg.head_dim
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
@@ -135,7 +147,10 @@ class ForgettingAttention(nn.Module):
       return RMSNorm(eps=eps, dtype=dtype, param_dtype=param_dtype, scale_axes=axes,
                      scale_shape=shape, name=name)
 
-    decoding = cache is not None and x.shape[1] == 1
+    streaming = cache is not None and is_window_cache(cache)
+    decoding = cache is not None and not streaming and x.shape[1] == 1
+    if streaming and (cfg.use_kv_shift or segment_ids is not None):
+      raise ValueError("a window cache streams one unsegmented stream without KV-shift")
     q, k, v = project("q_proj"), project("k_proj"), project("v_proj")
     candidates = (k, v)  # KV-shift state: the unshifted projections
     if cfg.use_kv_shift:
@@ -148,6 +163,8 @@ class ForgettingAttention(nn.Module):
     if cfg.use_rope:
       if decoding:
         positions = (context["lengths"] - context["rope_start"])[:, None]
+      elif streaming:  # keys are cached after RoPE at their absolute stream positions
+        positions = context["position"] + jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
       else:
         positions = segment_positions(segment_ids, x.shape[1])
       q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
@@ -159,6 +176,8 @@ class ForgettingAttention(nn.Module):
       log_fgate = ForgetGate(cfg.gate, name="forget_gate")(x)
     if decoding:
       o, cache = cached_attention(q, k, v, log_fgate, cache, context, cfg.window)
+    elif streaming:
+      o, cache = window_chunk_attention(q, k, v, log_fgate, cache)
     else:
       options = dict(segment_ids=segment_ids, impl=cfg.impl, debug=cfg.debug,
                      prune_epsilon=cfg.prune_epsilon, window=cfg.window)
@@ -172,7 +191,7 @@ class ForgettingAttention(nn.Module):
                                          head_axes=head_axes, **options)
       if cache is not None:
         cache = prefilled_cache(cache, k, v, log_fgate, context)
-    if cache is not None and cfg.use_kv_shift:
+    if cache is not None and cfg.use_kv_shift:  # (never streaming: checked above)
       cache = {**cache, **last_candidates(candidates, context["lengths"], decoding)}
 
     if cfg.use_output_norm:
@@ -236,27 +255,79 @@ def cached_attention(q, k, v, log_fgate, cache, context, window=None):
   it into the cache, then attend over positions p - window < j <= p of its segment with logits
   q.k_j / sqrt(D) + c_p - c_j, in float32. Returns (o [batch, 1, heads, head_dim], cache)."""
   position = context["lengths"]
-  batch, max_len, heads = cache["k"].shape[:3]
+  max_len = cache["k"].shape[1]
   # one row at a time, in place: the step writes O(1) positions, not the whole cache
   write = jax.vmap(lambda row, new, p: jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), p, axis=0))
   cache = {**cache, "k": write(cache["k"], k, position), "v": write(cache["v"], v, position)}
+  query_key_c = ()
   if "c" in cache:
     previous_c = jnp.take_along_axis(cache["c"], jnp.maximum(position - 1, 0)[:, None, None], axis=1)
     c_new = previous_c + log_fgate  # [batch, 1, heads]
     cache["c"] = write(cache["c"], c_new, position)
-    decay = c_new[:, 0, :, None] - jnp.swapaxes(cache["c"], 1, 2)  # [batch, heads, max_len]
-  else:
-    decay = jnp.zeros((batch, heads, max_len), jnp.float32)
+    query_key_c = (c_new, cache["c"])
   cache = _constrained(cache)
   segments = context["segments"]
   current = jnp.take_along_axis(segments, position[:, None], axis=1)
   visible = (jnp.arange(max_len)[None, :] <= position[:, None]) & (segments == current)  # [batch, max_len]
   if window is not None:
     visible = visible & (jnp.arange(max_len)[None, :] > position[:, None] - window)
+  o = materialized_attention(q, cache["k"], cache["v"], visible[:, None, :], *query_key_c)
+  return o, cache
+
+
+def materialized_attention(q, k, v, visible, query_c=None, key_c=None):
+  """Softmax attention of a few queries over cached keys, in float32, with the logits formed.
+
+  q [batch, Tq, heads, D]; k, v [batch, S, heads, D]; visible [batch, Tq, S] bool; query_c
+  [batch, Tq, heads] and key_c [batch, S, heads] the cumulative log f of each (None: no gate).
+  Logits q.k_j / sqrt(D) + (c_i − c_j) where visible, −inf elsewhere; every query must see at
+  least one key. Returns o [batch, Tq, heads, D] in q.dtype. This is the decoding-time path of
+  both caches; the parallel pass runs ``lpcjax.kernels.forgetting_attention``."""
   scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
-  logits = jnp.einsum("bhd,bjhd->bhj", q[:, 0].astype(jnp.float32), cache["k"].astype(jnp.float32)) * scale
-  logits = logits + decay
-  logits = jnp.where(visible[:, None, :], logits, -jnp.inf)
-  weights = jax.nn.softmax(logits, axis=-1)
-  o = jnp.einsum("bhj,bjhd->bhd", weights, cache["v"].astype(jnp.float32))
-  return o[:, None].astype(q.dtype), cache
+  logits = jnp.einsum("bihd,bjhd->bhij", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
+  if query_c is not None:
+    logits = logits + (jnp.swapaxes(query_c, 1, 2)[..., :, None] - jnp.swapaxes(key_c, 1, 2)[..., None, :])
+  weights = jax.nn.softmax(jnp.where(visible[:, None], logits, -jnp.inf), axis=-1)
+  o = jnp.einsum("bhij,bjhd->bihd", weights, v.astype(jnp.float32))
+  return o.astype(q.dtype)
+
+
+# ----------------------------------------------------------------------------- streaming windows
+# A window cache: the last window − 1 keys and values of the stream (after RoPE at their
+# absolute positions), their c (cumulative log f of the stream, float32; zeros without a gate),
+# whether each slot holds a real token yet, and the stream's running c after its last token.
+
+
+def init_window_cache(cfg, batch):
+  """An empty window cache of ``ForgettingAttention(cfg)`` (``cfg.window`` set) for ``batch``
+  streams."""
+  if cfg.window is None:
+    raise ValueError("a window cache needs AttentionConfig.window")
+  size, dtype = cfg.window - 1, dtype_of(cfg.dtype)
+  return {"k": jnp.zeros((batch, size, cfg.num_heads, cfg.head_dim), dtype),
+          "v": jnp.zeros((batch, size, cfg.num_heads, cfg.head_dim), dtype),
+          "c": jnp.zeros((batch, size, cfg.num_heads), jnp.float32),
+          "valid": jnp.zeros((batch, size), bool), "c_last": jnp.zeros((batch, cfg.num_heads), jnp.float32)}
+
+
+def is_window_cache(cache):
+  return "valid" in cache
+
+
+def window_chunk_attention(q, k, v, log_fgate, cache):
+  """The chunk's queries over [cached keys ; chunk keys] -> (o, the cache rolled forward).
+
+  Key j of that concatenation is w − 1 − j positions before the chunk's first token, so query i
+  sees it iff i <= j <= i + w − 1 (causal and inside the window) and it holds a real token."""
+  size, chunk = cache["k"].shape[1], q.shape[1]
+  c = cache["c_last"][:, None] + jnp.cumsum(log_fgate, axis=1)  # [batch, chunk, heads]
+  keys = jnp.concatenate([cache["k"], k.astype(cache["k"].dtype)], axis=1)
+  values = jnp.concatenate([cache["v"], v.astype(cache["v"].dtype)], axis=1)
+  key_c = jnp.concatenate([cache["c"], c], axis=1)
+  valid = jnp.concatenate([cache["valid"], jnp.ones(q.shape[:2], bool)], axis=1)
+  i, j = jnp.arange(chunk)[:, None], jnp.arange(size + chunk)[None, :]
+  visible = (j >= i) & (j <= i + size) & valid[:, None, :]  # [batch, chunk, keys]
+  o = materialized_attention(q, keys, values, visible, c, key_c)
+  keep = slice(chunk, None)  # roll: the last window − 1 positions stay
+  return o, {"k": keys[:, keep], "v": values[:, keep], "c": key_c[:, keep], "valid": valid[:, keep],
+             "c_last": c[:, -1]}

@@ -1,4 +1,7 @@
-"""Small shared pieces: dtype names, initializers with logical axis names, RMSNorm."""
+"""Small shared pieces: dtype names, initializers with logical axis names, RMSNorm, projections,
+the token embedding and the parameter count."""
+
+import math
 
 import flax.linen as nn
 import jax
@@ -9,6 +12,11 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 def dtype_of(name):
   return DTYPES[name]
+
+
+def num_params(params):
+  """The number of scalars in a parameter tree."""
+  return sum(int(math.prod(x.shape)) for x in jax.tree.leaves(params))
 
 
 def normal_init(std, axes):
@@ -76,3 +84,23 @@ class TokenEmbed(nn.Embed):
     (table,) = self.promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
     table = nn.with_logical_constraint(table, ("vocab", None))
     return jnp.take(table, inputs, axis=0)
+
+
+# ----------------------------------------------------------------------------- bounded parameters
+
+
+def logit(p):
+  """log(p / (1 − p)), for a Python float p in (0, 1)."""
+  return math.log(p / (1.0 - p))
+
+
+def bounded(raw, low, high):
+  """low + (high − low) σ(raw) ∈ [low, high]: an optimizer can never push it out."""
+  return low + (high - low) * jax.nn.sigmoid(raw)
+
+
+def bounded_init(value, low, high):
+  """The logit at which ``bounded`` gives ``value`` (strictly inside (low, high))."""
+  if not low < value < high:
+    raise ValueError(f"init {value} must lie strictly inside ({low}, {high})")
+  return logit((value - low) / (high - low))

@@ -49,7 +49,7 @@ class GateConfig:
   * ``bias_init``: the data-dependent gate's bias, "zero" (the paper's) or "timescale".
   * ``init_std``: std of the data-dependent gate's weight w.
 
-  The family configs build it: ``FoXConfig.gate_config()``, ``LocalAttentionConfig.gate_config()``.
+  The family configs build it with ``gate_config()`` (``lpcjax.models.GateFields``).
   """
 
   num_heads: int

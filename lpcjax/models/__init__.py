@@ -1,13 +1,16 @@
 """Model families, found by name: ``family = lpcjax.models.get("fox")``;
-``module = family.build(family.config_cls(...))``."""
+``module = family.build(family.config_cls(...))``. ``Family`` is the contract a family fills in;
+``language_model_family`` gives one with the language models' defaults."""
 
-from . import fox, lpcsm, pmt, sith, transformer  # noqa: F401  (registers the families)
+from . import fox, lpcsm, pmt, sith  # noqa: F401  (registers the families)
 from .decoder import DecoderLM
-from .fox import FoXConfig
+from .decoder_config import DecoderConfig, GateFields
+from .family import Family, get, names, register
+from .fox import FoXConfig, TransformerConfig
+from .language_model import language_model_family
 from .lpcsm import LPCSM, LPCSMConfig
 from .pmt import PMT, PMTConfig
-from .registry import Family, get, names, register
 from .sith import SITHConfig
-from .transformer import TransformerConfig
 
-__all__ = ["DecoderLM", "Family", "FoXConfig", "LPCSM", "LPCSMConfig", "PMT", "PMTConfig", "SITHConfig", "TransformerConfig", "get", "names", "register"]
+__all__ = ["DecoderConfig", "DecoderLM", "Family", "FoXConfig", "GateFields", "LPCSM", "LPCSMConfig", "PMT",
+           "PMTConfig", "SITHConfig", "TransformerConfig", "get", "language_model_family", "names", "register"]

@@ -3,7 +3,7 @@
 Pre-norm blocks x += attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)), stacked with ``nn.scan`` (one
 compiled block whatever the depth; params get a leading "layers" axis) and wrapped in
 ``nn.remat`` with the policy named in the config. With a cache (``init_cache``) the same model
-prefills a prompt and decodes one token at a time (``lpcjax.generation``).
+prefills a prompt and decodes one token at a time (``lpcjax.decoding``).
 """
 
 import flax.linen as nn
@@ -14,14 +14,11 @@ from lpcjax.layers import ForgettingAttention, RMSNorm, SwiGLU, segment_position
 from lpcjax.layers.attention import init_layer_cache
 from lpcjax.layers.common import TokenEmbed, dtype_of, normal_init
 
+from .decoder_config import REMAT_POLICIES
+
 EMBED = ("activation_batch", "activation_length", "activation_embed")
 
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
+LOGITS = ("activation_batch", "activation_length", "activation_vocab")
 
 
 class DecoderBlock(nn.Module):
@@ -40,6 +37,22 @@ class DecoderBlock(nn.Module):
     x = x + attended
     x = x + SwiGLU(cfg.mlp_config(), name="mlp")(norm("mlp_norm")(x))
     return nn.with_logical_constraint(x, EMBED), cache
+
+
+def lm_head(x, embed, cfg):
+  """The LM head of every decoder family: (logits [batch, seq, vocab] float32, the normed x).
+
+  A final RMSNorm ("final_norm"), then the embedding table (``cfg.tie_embeddings``) or an
+  untied projection ("lm_head"). Call it inside the model's compact ``__call__``: its params
+  are the model's own ("final_norm", "lm_head"), not a submodule's."""
+  dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
+  x = RMSNorm(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, name="final_norm")(x)
+  if cfg.tie_embeddings:
+    logits = embed.attend(x)
+  else:
+    logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                      kernel_init=normal_init(cfg.init_std, ("embed", "vocab")), name="lm_head")(x)
+  return nn.with_logical_constraint(logits.astype(jnp.float32), LOGITS), x
 
 
 def rematted(block, cfg):
@@ -143,12 +156,5 @@ class DecoderLM(nn.Module):
       context, row_state = decoding_context(cache, tokens, segment_ids)
       x, layers = stacked_blocks(cfg)(x, segment_ids if tokens.shape[1] > 1 else None, cache["layers"], context)
       cache = {**row_state, "layers": layers}
-    x = RMSNorm(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, name="final_norm")(x)
-    if cfg.tie_embeddings:
-      logits = embed.attend(x)
-    else:
-      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                        kernel_init=normal_init(cfg.init_std, ("embed", "vocab")), name="lm_head")(x)
-    logits = nn.with_logical_constraint(logits.astype(jnp.float32),
-                                        ("activation_batch", "activation_length", "activation_vocab"))
+    logits, _ = lm_head(x, embed, cfg)
     return logits if cache is None else (logits, cache)

@@ -4,7 +4,7 @@ Each block, in the order of spec §2 (norm -> local attention -> dual-timescale 
 predictive correction -> mHC), with a SwiGLU feed-forward last:
 
     h  = pre-mix of the n residual streams                      (mHC; n = 1 and x itself if off)
-    a  = LocalAttention(norm(h))                                 sliding window, RoPE, log f = 0
+    a  = ForgettingAttention(norm(h))                            sliding window, RoPE, log f = 0
     r  = DualTimescaleMemory(norm(h + a))                        chunk summaries, fast + slow (ONT)
     ĥ  = W_p [a_{t-1}; r_t]                                      predict h_t from what came before
     e  = rms(h_t) − ĥ_t,  m = SparseController(e)                mismatch, sparse event mask
@@ -14,7 +14,8 @@ predictive correction -> mHC), with a SwiGLU feed-forward last:
 
 then the mean of the streams, a final RMSNorm and two output heads: the LM head and the stop
 head. Every choice the paper's lost equations leave open is a field of ``LPCSMConfig`` with the
-reason beside it; the reusable layers are in ``lpcjax.layers.lpcsm``.
+reason beside it; the reusable layers are ``lpcjax.layers.mhc``, ``memory`` (with ``ont``),
+``controller`` and the shared ``attention``.
 
 Streaming: ``model.apply(variables, tokens, state=state)`` with ``init_state`` processes a
 stream chunk by chunk (each call a multiple of ``chunk_size`` tokens) and returns (logits, new
@@ -31,51 +32,43 @@ import jax.numpy as jnp
 import optax
 
 from lpcjax.config import require, require_choice
-from lpcjax.layers import RMSNorm, SwiGLU
-from lpcjax.layers.common import DTYPES, Projection, TokenEmbed, constant_init, dtype_of, normal_init
-from lpcjax.layers.lpcsm import (MHC, ControllerConfig, DualTimescaleMemory, LocalAttention, LocalAttentionConfig,
-                                 MemoryConfig, MHCConfig, SparseController, collapse_streams, expand_streams,
-                                 init_local_cache, initial_memory_state, initial_stats)
-from lpcjax.layers.mlp import MLPConfig, swiglu_hidden_size
+from lpcjax.kernels import available_impls
+from lpcjax.layers.attention import AttentionConfig, ForgettingAttention, init_window_cache
+from lpcjax.layers.common import Projection, RMSNorm, TokenEmbed, constant_init, dtype_of, normal_init
+from lpcjax.layers.controller import ControllerConfig, SparseController, initial_stats
+from lpcjax.layers.memory import DualTimescaleMemory, MemoryConfig, initial_memory_state
+from lpcjax.layers.mhc import MHC, MHCConfig, collapse_streams, expand_streams
+from lpcjax.layers.mlp import MLPConfig, SwiGLU, swiglu_hidden_size
 from lpcjax.losses import masked_cross_entropy, scored_positions
 
-from .decoder import EMBED, REMAT_POLICIES, rematted, scanned_layers
-from .registry import Family, check_vocab, language_model_evaluator, register
+from .decoder import EMBED, lm_head, rematted, scanned_layers
+from .decoder_config import DecoderConfig, GateFields
+from .family import register
+from .language_model import check_vocab, language_model_evaluator, language_model_family
 
 
 @dataclasses.dataclass(frozen=True)
-class LPCSMConfig:
+class LPCSMConfig(GateFields, DecoderConfig):
   """LPC-SM. Mechanism switches give the paper's ablations: ``mhc``, ``slow_memory``,
   ``predictive_coding``, ``ont``, ``stop_head`` (Stage A) and ``learn_ratio`` (Stage B's fixed
   ratio control). Sizes and rules marked NOT FOUND in lpc-sm-spec.md are chosen here."""
 
   family: ClassVar[str] = "lpcsm"
 
-  # Defaults: the 158M model (configs/lpcsm.py "paper"); the shared fields default as in the
-  # Transformer's config, so ``model.family=fox`` on an LPC-SM config keeps the sizes.
-  vocab_size: int = 50257
-  d_model: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  head_dim: int | None = None  # None: d_model // num_heads
+  # Defaults: the 158M model (configs/lpcsm.py "paper"); the sizes, init and dtypes are
+  # DecoderConfig's, as in the Transformer's config, so ``model.family=fox`` on an LPC-SM
+  # config keeps them.
   mlp_ratio: float = 4.0  # SwiGLU width d·ratio·2/3, rounded up to mlp_multiple_of (LLaMA recipe)
   mlp_multiple_of: int = 256
   tie_embeddings: bool = True  # the LM head reads the embedding table (GPT-2 style)
   norm_eps: float = 1e-6  # RMSNorm: the spec's inference from the cited reference [28]
-  init_std: float = 0.02
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  remat_policy: str = "none"
   scan_layers: ClassVar[bool] = True  # always one scanned block (no unrolled variant)
 
   # Local attention (window NOT FOUND). 256 tokens: an eighth of the 2048-token Stage-A context,
   # so anything further back must come through the memories.
   attention_window: int = 256
   rope_theta: float = 10000.0
-  forget_gate: str = "none"  # "data_dependent": FoX's gate inside the window
-  gate_bias_init: str = "zero"
-  gate_t_min: float = 2.0
-  gate_t_max: float = 128.0
+  forget_gate: str = "none"  # "data_dependent": FoX's gate inside the window (GateFields)
   attention_impl: str = "auto"
 
   # Dual-timescale memory (lpcjax.layers.lpcsm.MemoryConfig for the rules).
@@ -116,17 +109,12 @@ class LPCSMConfig:
   ratio_loss_weight: float = 1.0
 
   def __post_init__(self):
-    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_multiple_of", "attention_window",
-                 "chunk_size", "memory_dim", "num_streams", "sinkhorn_iterations"):
+    super().__post_init__()
+    for name in ("mlp_multiple_of", "attention_window", "chunk_size", "memory_dim", "num_streams",
+                 "sinkhorn_iterations"):
       require(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
-    if self.head_dim is None:
-      require(self.d_model % self.num_heads == 0, "model.num_heads",
-              f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; set model.head_dim")
     require(self.resolved_head_dim % 2 == 0, "model.head_dim", f"RoPE needs an even head_dim, got {self.resolved_head_dim}")
-    require_choice(self.forget_gate, "model.forget_gate", {"none", "data_dependent"})
-    require_choice(self.dtype, "model.dtype", set(DTYPES))
-    require_choice(self.param_dtype, "model.param_dtype", set(DTYPES))
-    require_choice(self.remat_policy, "model.remat_policy", set(REMAT_POLICIES))
+    self.check_gate({"none", "data_dependent"})
     require(0 < self.ratio_min < self.ratio_init < self.ratio_max < 1, "model.ratio_init",
             f"need 0 < ratio_min < ratio_init < ratio_max < 1, got ({self.ratio_min}, {self.ratio_init}, {self.ratio_max})")
     require(1 < self.kappa_init < self.kappa_max, "model.kappa_init",
@@ -135,16 +123,11 @@ class LPCSMConfig:
       require(0 < getattr(self, name) < 1, f"model.{name}", "must be in (0, 1)")
     require(0 <= self.resolved_stop_token < self.vocab_size, "model.stop_token",
             f"{self.stop_token} is not a token of the {self.vocab_size}-token vocabulary")
-    from lpcjax.kernels import available_impls
     require_choice(self.attention_impl, "model.attention_impl", set(available_impls()))
 
   def describe(self):
     off = [name for name in ("mhc", "slow_memory", "predictive_coding", "ont", "stop_head") if not getattr(self, name)]
     return "LPC-SM" + "".join(f" −{name}" for name in off) + ("" if self.learn_ratio else ", fixed ratio")
-
-  @property
-  def resolved_head_dim(self):
-    return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
 
   @property
   def resolved_stop_token(self):
@@ -159,11 +142,11 @@ class LPCSMConfig:
     return self.num_streams if self.mhc else 1
 
   def attention_config(self):
-    return LocalAttentionConfig(
-        d_model=self.d_model, num_heads=self.num_heads, head_dim=self.resolved_head_dim, window=self.attention_window,
-        rope_theta=self.rope_theta, forget_gate=self.forget_gate, gate_bias_init=self.gate_bias_init,
-        gate_t_min=self.gate_t_min, gate_t_max=self.gate_t_max, init_std=self.init_std, dtype=self.dtype,
-        param_dtype=self.param_dtype, impl=self.attention_impl)
+    """The local attention: a sliding window with RoPE (and FoX's gate if ``forget_gate``)."""
+    return AttentionConfig(
+        d_model=self.d_model, num_heads=self.num_heads, head_dim=self.resolved_head_dim, gate=self.gate_config(),
+        use_rope=True, rope_theta=self.rope_theta, norm_eps=self.norm_eps, window=self.attention_window,
+        impl=self.attention_impl, init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype)
 
   def mlp_config(self):
     return MLPConfig(d_model=self.d_model, hidden=self.mlp_hidden_size, init_std=self.init_std,
@@ -204,9 +187,9 @@ class LPCSMBlock(nn.Module):
     mhc = MHC(cfg.mhc_config(), name="mhc") if cfg.mhc else None
     h = mhc.mix_in(x) if mhc else x[..., 0, :]
 
-    attention = LocalAttention(cfg.attention_config(), name="attn")
+    attention = ForgettingAttention(cfg.attention_config(), name="attn")
     if streaming:
-      a, new_state["attn"] = attention(norm("attn_norm")(h), state["attn"], position)
+      a, new_state["attn"] = attention(norm("attn_norm")(h), cache=state["attn"], context={"position": position})
     else:
       a = attention(norm("attn_norm")(h))
     memory = DualTimescaleMemory(cfg.memory_config(), name="memory")
@@ -238,7 +221,7 @@ class LPCSMBlock(nn.Module):
 
 def init_state(config, batch):
   """The empty streaming state of an LPC-SM model for ``batch`` rows (see the module docstring)."""
-  layer = {"attn": init_local_cache(config.attention_config(), batch),
+  layer = {"attn": init_window_cache(config.attention_config(), batch),
            "memory": initial_memory_state(config.memory_config(), batch)}
   if config.predictive_coding:
     layer.update(controller=initial_stats(batch), prev_attn=jnp.zeros((batch, config.d_model), dtype_of(config.dtype)))
@@ -271,14 +254,7 @@ class LPCSM(nn.Module):
     position = jnp.zeros((), jnp.int32) if state is None else state["position"]
     blocks = scanned_layers(rematted(LPCSMBlock, cfg), cfg, (0, nn.broadcast))
     x, (layer_states, aux) = blocks(x, None if state is None else state["layers"], position)
-    x = RMSNorm(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, name="final_norm")(collapse_streams(x))
-    if cfg.tie_embeddings:
-      logits = embed.attend(x)
-    else:
-      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                        kernel_init=normal_init(cfg.init_std, ("embed", "vocab")), name="lm_head")(x)
-    logits = nn.with_logical_constraint(logits.astype(jnp.float32),
-                                        ("activation_batch", "activation_length", "activation_vocab"))
+    logits, x = lm_head(collapse_streams(x), embed, cfg)
     extras = {name: jnp.mean(value) for name, value in aux.items()}  # mean over layers
     if cfg.stop_head:  # always built, so init creates its params
       extras["stop_logits"] = nn.Dense(1, dtype=jnp.float32, param_dtype=param_dtype,
@@ -334,5 +310,5 @@ def check_lpcsm(config):
           "lpcsm's chunked memories do not restart at document boundaries; set data.segment_ids=false")
 
 
-register(Family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm,
-                evaluator=language_model_evaluator(chunk_padded_logits)))
+register(language_model_family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm,
+                               evaluator=language_model_evaluator(chunk_padded_logits)))

@@ -27,12 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpcjax import data
 from lpcjax.config import ConfigError, require, require_choice
+from lpcjax.evaluation.series import SeriesEvaluator
 from lpcjax.layers.common import RMSNorm, normal_init
 from lpcjax.layers.pma import EncoderLayer, PMAConfig, PMAStack, masked_mean, num_windows, window_tokens
 
 from .pmt_losses import normalize, pmt_loss
-from .registry import Family, register
+from .family import Family, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +258,6 @@ class PMT(nn.Module):
 
 def series_inputs(data_config):
   """A batch of one series of the data's length and channels (read from the training file)."""
-  from lpcjax import data  # local: lpcjax.data imports the config module, which imports models
   source = data.make_source(data_config, 0, "train")
   return (jnp.zeros((1,) + source.x.shape[1:], jnp.float32),)
 
@@ -268,11 +269,6 @@ def check_series(config):
     config.model.geometry(config.model.num_tokens(config.data.seq_len))
 
 
-def series_evaluator():
-  from lpcjax.evaluation.series import SeriesEvaluator  # local: evaluation imports models
-  return SeriesEvaluator()
-
-
 register(Family("pmt", PMTConfig, PMT, loss=pmt_loss, example_inputs=series_inputs, data_kinds=("series",),
-                check=check_series, mutable=("batch_stats",), rng_streams=("dropout",), throughput_unit="series",
-                units_per_example=lambda config: 1, evaluator=series_evaluator))
+                check=check_series, evaluator=SeriesEvaluator, mutable=("batch_stats",), rng_streams=("dropout",),
+                throughput_unit="series", units_per_example=lambda config: 1))

@@ -18,23 +18,27 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lpcjax.config import require, require_choice
-from lpcjax.layers.common import DTYPES, TokenEmbed, dtype_of, normal_init
+from lpcjax.config import require
+from lpcjax.layers.common import TokenEmbed, dtype_of, normal_init
 from lpcjax.layers.sith import TABLE_C, SITHCompressor, sith_peaks
 
-from .registry import Family, check_vocab, language_model_evaluator, register
+from .decoder import rematted, scanned_layers
+from .decoder_config import DecoderConfig
+from .family import register
+from .language_model import check_vocab, language_model_evaluator, language_model_family
 
 
 @dataclasses.dataclass(frozen=True)
-class SITHConfig:
-  """GPT-2 small by default (12 x 768, 12 heads, MLP 3072, vocab 50304, no dropout)."""
+class SITHConfig(DecoderConfig):
+  """GPT-2 small by default (12 x 768, 12 heads, MLP 3072, vocab 50304, no dropout).
+
+  ``scan_layers``: the blocks as one ``nn.scan`` (params under "layers", a leading layer axis),
+  with ``remat_policy``; False unrolls them as "h_0" ... (the layout of runs saved before the
+  scan existed: their config.json has no ``scan_layers`` key and loads with False)."""
 
   family: ClassVar[str] = "sith"
 
   vocab_size: int = 50304
-  d_model: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
   mlp_dim: int = 3072
   num_filters: int = 53  # L
   k: float = 100.0
@@ -42,19 +46,14 @@ class SITHConfig:
   tau_min: float = 1.0
   chunk_len: int = 256  # m: the uncompressed tokens, the only ones predicted
   delta_pulse: bool = False  # the control: slots are the L preceding tokens, uncompressed
-  init_std: float = 0.02
-  dtype: str = "float32"
-  param_dtype: str = "float32"
+  scan_layers: bool = True
 
   def __post_init__(self):
-    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "num_filters", "chunk_len"):
+    super().__post_init__()
+    for name in ("mlp_dim", "num_filters", "chunk_len"):
       require(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
-    require(self.d_model % self.num_heads == 0, "model.num_heads",
-            f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
     require(self.k > 0, "model.k", "must be > 0")
     require(self.c > 0, "model.c", "must be > 0")
-    require_choice(self.dtype, "model.dtype", set(DTYPES))
-    require_choice(self.param_dtype, "model.param_dtype", set(DTYPES))
 
   def describe(self):
     """A short label for plots and reports."""
@@ -81,6 +80,8 @@ def slot_token_mask(num_slots, num_tokens):
 
 
 class GPT2Block(nn.Module):
+  """x [batch, L + m, d_model] -> (x, None): pre-LayerNorm attention under ``mask``, GELU MLP."""
+
   config: SITHConfig
 
   @nn.compact
@@ -89,14 +90,14 @@ class GPT2Block(nn.Module):
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
     dense = lambda features, axes, name: nn.Dense(features, dtype=dtype, param_dtype=param_dtype,
                                                   kernel_init=normal_init(cfg.init_std, axes), name=name)
-    heads, head_dim = cfg.num_heads, cfg.d_model // cfg.num_heads
+    heads, head_dim = cfg.num_heads, cfg.resolved_head_dim
     h = nn.LayerNorm(dtype=dtype, param_dtype=param_dtype, name="ln_1")(x)
-    qkv = dense(3 * cfg.d_model, ("embed", "mlp"), "c_attn")(h).reshape(x.shape[:2] + (3, heads, head_dim))
+    qkv = dense(3 * heads * head_dim, ("embed", "mlp"), "c_attn")(h).reshape(x.shape[:2] + (3, heads, head_dim))
     attended = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], mask=mask[None, None])
-    x = x + dense(cfg.d_model, ("mlp", "embed"), "c_proj")(attended.reshape(x.shape))
+    x = x + dense(cfg.d_model, ("mlp", "embed"), "c_proj")(attended.reshape(x.shape[:2] + (heads * head_dim,)))
     h = nn.LayerNorm(dtype=dtype, param_dtype=param_dtype, name="ln_2")(x)
     h = jax.nn.gelu(dense(cfg.mlp_dim, ("embed", "mlp"), "c_fc")(h), approximate=True)
-    return x + dense(cfg.d_model, ("mlp", "embed"), "mlp_proj")(h)
+    return x + dense(cfg.d_model, ("mlp", "embed"), "mlp_proj")(h), None
 
 
 class SITHLM(nn.Module):
@@ -122,8 +123,12 @@ class SITHLM(nn.Module):
     positions = self.param("wpe", normal_init(0.01, ("length", "embed")), x.shape[1:], param_dtype)
     x = x + positions.astype(x.dtype)
     mask = slot_token_mask(cfg.num_filters, cfg.chunk_len)
-    for i in range(cfg.num_layers):
-      x = GPT2Block(cfg, name=f"h_{i}")(x, mask)
+    block = rematted(GPT2Block, cfg)
+    if cfg.scan_layers:
+      x, _ = scanned_layers(block, cfg, (nn.broadcast,))(x, mask)
+    else:
+      for i in range(cfg.num_layers):
+        x, _ = block(cfg, name=f"h_{i}")(x, mask)
     x = nn.LayerNorm(dtype=dtype, param_dtype=param_dtype, name="ln_f")(x[:, cfg.num_filters:])
     return wte.attend(x).astype(jnp.float32)  # GPT-2 ties the output layer to wte
 
@@ -158,6 +163,6 @@ def check_sith(config):
 
 # lm_loss scores the last m targets of each window, the positions the model predicts.
 # Throughput counts the m predicted tokens of each window, not the H history tokens read with them.
-register(Family("sith", SITHConfig, SITHLM, check=check_sith,
-                evaluator=language_model_evaluator(windowed_logits),
-                units_per_example=lambda config: config.model.chunk_len))
+register(language_model_family("sith", SITHConfig, SITHLM, check=check_sith,
+                               evaluator=language_model_evaluator(windowed_logits),
+                               units_per_example=lambda config: config.model.chunk_len))

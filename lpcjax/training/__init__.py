@@ -4,9 +4,9 @@
 from .checkpoint import Checkpointer, has_checkpoint
 from .loop import TrainingError, train
 from .runs import RunError, num_params, read_config, restore_state
-from .steps import (TrainState, create_train_state, decay_mask, eval_step, init_variables, make_optimizer,
+from .steps import (TrainState, create_train_state, decay_mask, eval_step, make_optimizer,
                     state_shardings, train_step)
 
 __all__ = ["Checkpointer", "RunError", "TrainState", "TrainingError", "create_train_state", "decay_mask",
-           "eval_step", "has_checkpoint", "init_variables", "make_optimizer", "num_params",
+           "eval_step", "has_checkpoint", "make_optimizer", "num_params",
            "read_config", "restore_state", "state_shardings", "train", "train_step"]

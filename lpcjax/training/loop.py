@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-from lpcjax import config as config_lib
+from lpcjax import experiment as config_lib
 from lpcjax import interrupts
 from lpcjax import models
 from lpcjax.data import make_dataset, make_iterator
@@ -46,7 +46,11 @@ from .runs import (RunError, check_same_structure, num_params, parse_run_spec, r
 from .steps import create_train_state, eval_step, make_optimizer, state_shardings, step_rng, train_step
 
 
-class TrainingError(RuntimeError):
+class RunExistsError(UserError, FileExistsError):
+  """A new run whose directory already holds checkpoints (pass --resume to continue it)."""
+
+
+class TrainingError(UserError, RuntimeError):
   """The run cannot continue (e.g. too many non-finite steps in a row)."""
 
 
@@ -87,7 +91,7 @@ def open_run_directory(config, resume):
   run_dir = os.path.join(config.train.run_dir, name)
   latest = latest_checkpoint_step(run_dir)
   if latest is not None and not resume:
-    raise FileExistsError(f"run directory {run_dir} already holds checkpoints; pass --resume to "
+    raise RunExistsError(f"run directory {run_dir} already holds checkpoints; pass --resume to "
                           "continue it or choose another train.run_name")
   if latest is None and resume is True:
     raise RunError(f"{run_dir}: no checkpoint to resume; start it without --resume "

@@ -8,21 +8,18 @@ import json
 import os
 
 import jax
-import numpy as np
 
-from lpcjax import config as config_lib
-from lpcjax import models
+from lpcjax import experiment, models
+from lpcjax.config import ConfigError
+from lpcjax.errors import UserError
+from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
 
 from .checkpoint import Checkpointer, has_checkpoint, tree_mismatch
 from .steps import make_optimizer, state_shardings
 
 
-class RunError(ValueError):
+class RunError(UserError, ValueError):
   """A run directory that cannot be read: no config.json, no checkpoint, no such step."""
-
-
-def num_params(params):
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 
 
 def read_config(run_dir):
@@ -31,7 +28,7 @@ def read_config(run_dir):
   if not os.path.isfile(path):
     raise RunError(f"{run_dir}: no config.json, not a run directory")
   with open(path) as f:
-    return config_lib.from_dict(json.load(f))
+    return experiment.from_dict(json.load(f))
 
 
 def restore_state(run_dir, mesh, rules, step=None):
@@ -81,11 +78,11 @@ def check_same_structure(expected, found, what):
   have = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(found)}
   for path in sorted(set(want) | set(have)):
     if path not in have:
-      raise config_lib.ConfigError(f"train.init_from: {what} has no {path} (this model needs one of "
+      raise ConfigError(f"train.init_from: {what} has no {path} (this model needs one of "
                                    f"shape {tuple(want[path].shape)})")
     if path not in want:
-      raise config_lib.ConfigError(f"train.init_from: {what} has {path}, which this model does not")
+      raise ConfigError(f"train.init_from: {what} has {path}, which this model does not")
     if (want[path].shape, want[path].dtype) != (have[path].shape, have[path].dtype):
-      raise config_lib.ConfigError(
+      raise ConfigError(
           f"train.init_from: {path} is {have[path].dtype}{list(have[path].shape)} in {what}, this model "
           f"needs {want[path].dtype}{list(want[path].shape)}")

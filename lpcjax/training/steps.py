@@ -2,7 +2,7 @@
 
 The harness never branches on the model family: the family supplies the example inputs for
 init, the loss (see ``lpcjax.losses`` for its contract), the mutable collections and rng streams
-(``lpcjax.models.registry.Family``).
+(``lpcjax.models.Family``).
 """
 
 import dataclasses
@@ -45,28 +45,13 @@ def make_optimizer(train_cfg):
                   weight_decay=train_cfg.weight_decay, mask=decay_mask))
 
 
-def _init_model(model):
-  """Value checks (debug_checks) belong to apply, not init: init without them."""
-  if getattr(model.config, "debug_checks", False):
-    return model.clone(config=dataclasses.replace(model.config, debug_checks=False))
-  return model
-
-
-def init_variables(family, model, data_config, seed):
-  """The model's boxed variables (params and mutable collections), from the family's example
-  inputs. The params key is PRNGKey(seed); other streams are folded from it."""
-  key = jax.random.PRNGKey(seed)
-  rngs = {"params": key, **{name: jax.random.fold_in(key, i + 1) for i, name in enumerate(family.rng_streams)}}
-  return _init_model(model).init(rngs, *family.example_inputs(data_config))
-
-
 def _split_variables(family, variables):
   variables = nn.meta.unbox(variables)
   return variables["params"], {name: variables[name] for name in family.mutable if name in variables}
 
 
 def _create(family, model, config, optimizer):
-  params, mutable = _split_variables(family, init_variables(family, model, config.data, config.train.seed))
+  params, mutable = _split_variables(family, family.init_variables(model, config.data, config.train.seed))
   return TrainState.create(apply_fn=model.apply, params=params, tx=optimizer, mutable=mutable)
 
 
@@ -75,7 +60,7 @@ def state_shardings(family, model, config, optimizer, mesh, rules):
   names under ``rules`` (replicated where they have none), optimizer moments like their params,
   everything else replicated. ``optimizer`` must be the one the state is created with (it is
   part of the TrainState's static structure)."""
-  boxed = jax.eval_shape(lambda: init_variables(family, model, config.data, config.train.seed))
+  boxed = jax.eval_shape(lambda: family.init_variables(model, config.data, config.train.seed))
   variable_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
   param_shardings, mutable_shardings = _split_variables(family, variable_shardings)
   abstract = jax.eval_shape(lambda: _create(family, model, config, optimizer))

@@ -171,8 +171,8 @@ def test_converted_run_works_with_the_harness(tmp_path, capsys):
   """CLI import -> load_run, generate, train.init_from; existing OUT needs --force, and --force
   never replaces a folder this tool did not write."""
   from lpcjax import generate
-  from lpcjax.config import apply_overrides
-  from lpcjax.evaluation import load_run
+  from lpcjax.experiment import apply_overrides
+  from lpcjax.evaluation.runner import load_run
   from lpcjax.training import train
 
   cfg = FoXConfig(**TINY, block="pro")

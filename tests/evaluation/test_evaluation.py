@@ -10,9 +10,9 @@ import pytest
 
 from lpcjax import models
 from lpcjax.data import DataError, load_gpt2_tokenizer
-from lpcjax.evaluation import (LanguageModelEvaluator, RunError, context_lengths, evaluate_run, evaluator_options,
-                               load_run, needle_example, needle_grid, per_token_losses, recall_by_distance,
-                               score_answers, score_generated, summarize)
+from lpcjax.evaluation import (LanguageModelEvaluator, context_lengths, needle_example, needle_grid, per_token_losses,
+                               recall_by_distance, score_answers, score_generated, summarize)
+from lpcjax.evaluation.runner import RunError, evaluate_run, evaluator_options, load_run
 from lpcjax.evaluation.per_token import confidence_band, roll_batch
 from lpcjax.sharding import make_mesh
 from lpcjax.training import train
@@ -222,7 +222,7 @@ def test_windowed_models_get_a_curve_over_the_whole_sequence(tmp_path):
 
 def test_eval_runs_on_a_sith_run(tmp_path):
   import dataclasses
-  from lpcjax import config as C
+  from lpcjax import experiment as C
   base = tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=1", "train.mesh_data=1",
                          "data.mqar_num_pairs=2", name="sith")
   model = models.SITHConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, mlp_dim=64, num_filters=9,

@@ -5,10 +5,10 @@ import numpy as np
 import optax
 import pytest
 
-from lpcjax.layers.lpcsm import (MHC, ONT, ControllerConfig, DualTimescaleMemory, LocalAttention, LocalAttentionConfig,
-                                 MemoryConfig, MHCConfig, ONTConfig, SparseController, causal_standardize,
-                                 collapse_streams, expand_streams, init_local_cache, linear_recurrence, ont_write,
-                                 running_standardize, sinkhorn)
+from lpcjax.layers import (MHC, ONT, AttentionConfig, ControllerConfig, DualTimescaleMemory, ForgettingAttention,
+                           GateConfig, MemoryConfig, MHCConfig, ONTConfig, SparseController, causal_standardize,
+                           collapse_streams, expand_streams, init_window_cache, linear_recurrence, ont_write,
+                           running_standardize, sinkhorn)
 
 
 def _normal(seed, shape):
@@ -274,17 +274,18 @@ def test_running_standardize_chunk_by_chunk_equals_one_pass():
 
 @pytest.mark.parametrize("gate", ["none", "data_dependent"])
 def test_local_attention_streaming_equals_the_windowed_kernel(gate):
-  cfg = LocalAttentionConfig(d_model=8, num_heads=2, head_dim=4, window=5, forget_gate=gate, impl="reference")
-  layer, x = LocalAttention(cfg), _normal(0, (2, 17, 8))
+  cfg = AttentionConfig(d_model=8, num_heads=2, head_dim=4, window=5, impl="reference",
+                        gate=GateConfig(num_heads=2) if gate == "data_dependent" else None)
+  layer, x = ForgettingAttention(cfg), _normal(0, (2, 17, 8))
   params = layer.init(jax.random.PRNGKey(1), x)
   full = layer.apply(params, x)
   # the window reaches 4 tokens back: a token's output depends on nothing older
   moved = layer.apply(params, x.at[:, 3].add(1.0))
   np.testing.assert_allclose(moved[:, 8:], full[:, 8:], atol=1e-7)  # (the gate: c_i − c_j rounding)
   assert np.abs(moved[:, 3:8] - full[:, 3:8]).min() > 0
-  cache, pieces, position = init_local_cache(cfg, 2), [], 0
+  cache, pieces, position = init_window_cache(cfg, 2), [], 0
   for start, stop in ((0, 2), (2, 3), (3, 12), (12, 17)):  # chunks shorter and longer than the window
-    out, cache = layer.apply(params, x[:, start:stop], cache, position)
+    out, cache = layer.apply(params, x[:, start:stop], cache=cache, context={"position": position})
     pieces.append(out)
     position = stop
   np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5)

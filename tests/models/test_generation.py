@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lpcjax import models
-from lpcjax.generation import GREEDY, GenerationError, Sampling, _decode_jit, generate, sample
+from lpcjax.decoding import GREEDY, GenerationError, Sampling, _decode_jit, generate, sample
 from lpcjax.models.decoder import init_cache
 from lpcjax.sharding import DEFAULT_RULES
 

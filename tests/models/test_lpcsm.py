@@ -170,7 +170,7 @@ def test_bad_inputs_are_one_line_errors():
 
 
 def test_paper_config_has_the_papers_parameter_count():
-  from lpcjax import config as C
+  from lpcjax import experiment as C
   cfg = C.load_experiment("configs/lpcsm.py:paper")
   shapes = jax.eval_shape(LPCSM(cfg.model).init, jax.random.PRNGKey(0), jnp.zeros((1, 64), jnp.int32))
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)))
@@ -178,7 +178,7 @@ def test_paper_config_has_the_papers_parameter_count():
 
 
 def test_configs_give_the_ablations_and_the_staged_schedule():
-  from lpcjax import config as C
+  from lpcjax import experiment as C
   load = lambda name: C.load_experiment(f"configs/lpcsm.py:{name}")
   a = load("tiny")
   assert a.train.init_from is None and a.train.run_name == "lpcsm_tiny"

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpcjax import config as C
+from lpcjax import experiment as C
 from lpcjax import models
-from lpcjax.models.paper_sizes import paper_experiment
+from lpcjax.paper_recipe import paper_experiment
 
 VARIANTS = [
     ("transformer", dict(block="llama")),

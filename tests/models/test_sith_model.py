@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpcjax import config as C
+from lpcjax import experiment as C
 from lpcjax import models
 from lpcjax.data import TokenWindowSource
 from lpcjax.losses import lm_loss

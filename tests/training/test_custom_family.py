@@ -11,8 +11,8 @@ import pytest
 
 import toy_family
 from conftest import REPO, cli, sigterm_after_rows
-from lpcjax import config as C
-from lpcjax.evaluation import load_run
+from lpcjax import experiment as C
+from lpcjax.evaluation.runner import load_run
 
 
 @pytest.fixture

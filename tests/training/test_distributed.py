@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lpcjax import config as C
+from lpcjax import experiment as C
 from lpcjax import models
 from lpcjax.sharding import make_mesh, rules_from_config
 from lpcjax.training import Checkpointer, create_train_state, make_optimizer, state_shardings, train, train_step

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpcjax import config as C
+from lpcjax import experiment as C
 from lpcjax import models
 from lpcjax.losses import masked_cross_entropy
 from lpcjax.training import TrainingError, create_train_state, decay_mask, has_checkpoint, train, train_step
@@ -159,7 +159,7 @@ def test_run_stops_after_nonfinite_steps_and_saves_nothing(tmp_path):
 
 
 def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path):
-  from lpcjax.evaluation import load_run
+  from lpcjax.evaluation.runner import load_run
   from lpcjax.training import RunError
   common = ("train.warmup_steps=1", "train.mesh_data=1", "train.log_every=1")
   source = tiny_experiment(tmp_path, "train.steps=3", "train.checkpoint_every=1", *common, name="a")

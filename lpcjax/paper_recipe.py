@@ -7,11 +7,10 @@ them to 2.7B, 7.5B and 16B); warm-up is 256 Mi tokens (the paper's 256M). Every 
 whole number of steps: 5120, 14336 and 30720, warm-up 512.
 """
 
-from lpcjax.config import ConfigError, ExperimentConfig, TrainConfig
+from lpcjax.config import ConfigError, TrainConfig
 from lpcjax.data import TokenFileConfig
-
-from .fox import FoXConfig
-from .transformer import TransformerConfig
+from lpcjax.experiment import ExperimentConfig
+from lpcjax.models import FoXConfig, TransformerConfig
 
 TOKENS_PER_STEP = 32 * 16384
 GI = 2 ** 30

@@ -1,6 +1,6 @@
 """Text generation for the language-model families: prefill, then cached one-token decoding.
 
-    from lpcjax.generation import Sampling, generate
+    from lpcjax.decoding import Sampling, generate
     result = generate(family, model, params, [[15496, 995], [40]], max_new_tokens=32,
                       sampling=Sampling(temperature=0.8, top_p=0.95), seed=0, end_token=50256)
 
@@ -34,8 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpcjax.errors import UserError
 
-class GenerationError(ValueError):
+
+class GenerationError(UserError, ValueError):
   """A request that cannot be decoded: the family, the lengths or the prompts."""
 
 

@@ -1,0 +1,81 @@
+"""Evaluate run directories: rebuild a trained model from its run directory alone (config.json +
+a checkpoint) and run its family's evaluator.
+
+This module sits above the families and the trainer's run-directory reader (it looks the family
+up by the run's config); the evaluators themselves (``lpcjax.evaluation``) sit below the families
+that name them, and are handed a ``LoadedRun``.
+"""
+
+import argparse
+import dataclasses
+
+import flax.linen as nn
+import jax
+
+from lpcjax import models
+from lpcjax.sharding import make_mesh, rules_from_config
+from lpcjax.training.runs import RunError, read_config, restore_state
+
+__all__ = ["LoadedRun", "RunError", "evaluate_run", "evaluator_options", "evaluators_of", "load_run"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedRun:
+  """What an evaluator gets: the run's config, family and model, its restored params and
+  mutable collections (sharded on ``mesh`` by ``rules``)."""
+
+  run_dir: str
+  config: object
+  family: object
+  model: object
+  params: object
+  mutable: dict
+  mesh: object
+  rules: tuple
+  step: int
+
+  @property
+  def variables(self):
+    """The dict ``model.apply`` takes: params and the mutable collections."""
+    return {"params": self.params, **self.mutable}
+
+
+def load_run(run_dir, mesh=None, step=None):
+  """A LoadedRun of ``run_dir``'s checkpoint ``step`` (default: the latest), restored onto
+  ``mesh`` (default: every local device on the data axis) under the run's logical rules."""
+  config = read_config(run_dir)
+  if mesh is None:
+    mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1))
+  rules = rules_from_config(config.train)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    config, family, model, state = restore_state(run_dir, mesh, rules, step)
+  return LoadedRun(run_dir, config, family, model, state.params, state.mutable, mesh, rules, int(state.step))
+
+
+def evaluators_of(run_dirs):
+  """Each run's evaluator (its family's); compared runs need evaluators of one kind (class),
+  whose options and plots they share (sith and fox runs: both language-model evaluators)."""
+  families = [models.get(read_config(run_dir).model.family) for run_dir in run_dirs]
+  evaluators = [family.evaluator() for family in families]
+  if len({type(evaluator) for evaluator in evaluators}) > 1:
+    raise RunError(f"cannot compare runs evaluated differently: families {sorted({f.name for f in families})}")
+  return evaluators
+
+
+def evaluator_options(evaluator, **overrides):
+  """The evaluator's options as eval.py would parse them with no flags, with ``overrides`` (by
+  argparse dest, e.g. ``eval_len=1024``) set; an unknown name is a TypeError."""
+  parser = argparse.ArgumentParser()
+  evaluator.add_arguments(parser)
+  options = parser.parse_args([])
+  unknown = sorted(set(overrides) - set(vars(options)))
+  if unknown:
+    raise TypeError(f"unknown evaluator option {unknown[0]!r}; known: {', '.join(sorted(vars(options)))}")
+  vars(options).update(overrides)
+  return options
+
+
+def evaluate_run(run_dir, **overrides):
+  """Load ``run_dir`` and run its family's evaluator (options as in ``evaluator_options``)."""
+  (evaluator,) = evaluators_of([run_dir])
+  return evaluator.evaluate(load_run(run_dir), evaluator_options(evaluator, **overrides))

@@ -1,0 +1,159 @@
+"""An experiment: a family config, a data config and a ``TrainConfig``, checked together.
+
+One floor above the registries (``lpcjax.models``, ``lpcjax.data``), which it uses to resolve
+``model.family`` and ``data.kind``. Experiment files in ``configs/`` define
+``get_config() -> ExperimentConfig``. Any field can be overridden from the command line as
+``section.field=value`` (``model.d_model=256``, ``data.train_files=a.txt,b.txt``);
+``model.family=NAME`` switches the family and ``data.kind=NAME`` the data kind, keeping the
+fields both classes share. Unknown keys, unparsable values and impossible combinations fail at
+start with a ``ConfigError`` that names the field. ``to_dict``/``from_dict`` round-trip a run's
+config.json.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import typing
+
+from lpcjax import data, models
+from lpcjax.config import ConfigError, DataConfig, TrainConfig, field_types, replace_fields, require, switch_class
+from lpcjax.data.mqar import MQARDataConfig
+
+# ConfigError, DataConfig and TrainConfig live in the schema (lpcjax.config); re-exported so an
+# experiment file needs one import.
+__all__ = ["ConfigError", "DataConfig", "ExperimentConfig", "TrainConfig", "apply_overrides", "from_dict",
+           "load_experiment", "switch_family", "switch_kind", "to_dict", "to_json"]
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  model: typing.Any  # a family config from lpcjax.models
+  data: DataConfig = dataclasses.field(default_factory=MQARDataConfig)  # a kind from lpcjax.data
+  train: TrainConfig = TrainConfig()
+  name: str = "experiment"
+
+  def __post_init__(self):
+    family = getattr(self.model, "family", None)
+    require(family is not None, "model", "must be a model family config from lpcjax.models")
+    require(isinstance(self.data, DataConfig) and self.data.kind, "data",
+            "must be a data config from lpcjax.data (one class per data.kind)")
+    spec = models.get(family)
+    require(self.data.kind in spec.data_kinds, "data.kind",
+            f"the {family} family reads {' or '.join(spec.data_kinds)}, not {self.data.kind!r}")
+    spec.check(self)
+    require(self.data.batch_size % self.train.grad_accum_steps == 0, "train.grad_accum_steps",
+            f"data.batch_size={self.data.batch_size} is not divisible by {self.train.grad_accum_steps}")
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def switch_family(model_config, family_name):
+  return switch_class(model_config, models.get(family_name).config_cls)
+
+
+def switch_kind(data_config, kind):
+  return switch_class(data_config, data.get(kind).config_cls)
+
+
+def apply_overrides(config, overrides):
+  """Apply ``["model.d_model=128", ...]`` to an ExperimentConfig and re-validate it."""
+  sections = {"model": {}, "data": {}, "train": {}}
+  top = {}
+  for item in overrides:
+    if "=" not in item:
+      raise ConfigError(f"override {item!r}: expected section.field=value")
+    key, value = item.split("=", 1)
+    section, _, field = key.partition(".")
+    if section in sections and field:
+      sections[section][field] = value
+    elif key == "name":
+      top["name"] = value
+    else:
+      raise ConfigError(f"{key}: unknown key; use model.*, data.*, train.* or name")
+  model, data = config.model, config.data
+  family = sections["model"].pop("family", None)
+  if family is not None:
+    model = switch_family(model, family)
+  kind = sections["data"].pop("kind", None)
+  if kind is not None:
+    data = switch_kind(data, kind)
+  model = replace_fields(model, sections["model"], "model")
+  data = replace_fields(data, sections["data"], "data")
+  train = replace_fields(config.train, sections["train"], "train")
+  return dataclasses.replace(config, model=model, data=data, train=train, **top)
+
+
+# ----------------------------------------------------------------------------- files and JSON
+
+
+def load_experiment(path_or_name, search_dir="configs"):
+  """Load ``get_config()`` from a Python file, or from ``configs/<name>.py``.
+
+  ``file:arg`` (as in ml_collections) calls ``get_config("arg")``: ``paper:fox_pro_760m``.
+  """
+  path_or_name, _, argument = path_or_name.partition(":")
+  path = path_or_name
+  if not os.path.exists(path):
+    candidate = os.path.join(search_dir, f"{path_or_name}.py")
+    if not os.path.exists(candidate):
+      raise ConfigError(f"config {path_or_name!r}: no such file (also looked for {candidate})")
+    path = candidate
+  spec = importlib.util.spec_from_file_location(f"lpcjax_experiment_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"config {path}: defines no get_config()")
+  try:
+    config = module.get_config(argument) if argument else module.get_config()
+  except (KeyError, ValueError) as error:
+    if isinstance(error, ConfigError):
+      raise
+    raise ConfigError(f"config {path}:{argument}: {error!r}") from None
+  if not isinstance(config, ExperimentConfig):
+    raise ConfigError(f"config {path}: get_config() must return an ExperimentConfig")
+  return config
+
+
+def to_dict(config):
+  out = dataclasses.asdict(config)
+  out["model"] = {"family": config.model.family, **out["model"]}
+  out["data"] = {"kind": config.data.kind, **out["data"]}
+  return out
+
+
+# Before data kinds had their own classes (lpcjax <= 0.1 run directories), every data section
+# held every kind's fields. Loading such a config.json drops the other kinds' fields when they
+# hold these old defaults; any other value is an error, since it would be silently ignored.
+_FLAT_DATA_DEFAULTS = {"mqar_vocab_size": 8192, "mqar_num_pairs": 16, "mqar_gap_power": 0.1,
+                       "train_files": [], "eval_files": [], "tokenizer_file": None, "train_tokens": None,
+                       "eval_tokens": None, "segment_ids": False, "window_stride": None}
+
+
+def from_dict(values):
+  """Rebuild an ExperimentConfig from ``to_dict`` output (e.g. a run's config.json)."""
+  model_values, data_values = dict(values["model"]), dict(values["data"])
+  family = models.get(model_values.pop("family"))
+  if family.name == "sith":  # saved before SITH's blocks were scanned: their params are h_0, h_1, ...
+    model_values.setdefault("scan_layers", False)
+  kind = data.get(data_values.pop("kind", "mqar"))
+  data_fields = field_types(kind.config_cls)
+  for key in [k for k in data_values if k not in data_fields]:
+    if _FLAT_DATA_DEFAULTS.get(key, object()) == data_values[key]:
+      del data_values[key]
+
+  def build(cls, raw, prefix):
+    known = field_types(cls)
+    unknown = set(raw) - set(known)
+    if unknown:
+      raise ConfigError(f"{prefix}.{sorted(unknown)[0]}: unknown key in saved config")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+  return ExperimentConfig(model=build(family.config_cls, model_values, "model"),
+                          data=build(kind.config_cls, data_values, "data"),
+                          train=build(TrainConfig, values["train"], "train"),
+                          name=values.get("name", "experiment"))
+
+
+def to_json(config):
+  return json.dumps(to_dict(config), indent=2, sort_keys=True)

@@ -1,0 +1,115 @@
+"""The sparse controller of LPC-SM (lpc-sm-spec.md §4): prediction-error statistics -> a hard
+sparse event mask with a learnable firing ratio ρ within bounds.
+
+The paper's equations were lost (lpc-sm-spec.md marks them NOT FOUND); every such choice is a
+config field below, with the default chosen and the reason beside it.
+"""
+
+import dataclasses
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from .common import bounded, bounded_init, constant_init
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerConfig:
+  """Fields read by ``SparseController``. Statistic, normalisation, temperature, threshold tie
+  and ratio bounds are NOT FOUND; these are the chosen forms."""
+
+  # ρ = r_min + (r_max − r_min) σ(φ): the paper's "learnable within prescribed bounds".
+  ratio_min: float = 0.05
+  ratio_max: float = 0.5  # at most every other token fires: the pathway stays sparse
+  ratio_init: float = 0.2
+  # False: the paper's Stage-B control. φ stays a parameter (so both arms load the same
+  # checkpoint) but gets no gradient: ρ is frozen at its init or restored value.
+  learn_ratio: bool = True
+  # p = σ(u / τ) and m = 1[p > 0.5] ⇔ u > 0: τ does not move the forward mask, only the slope
+  # of the straight-through gradient. 1 keeps that slope at σ'(0) = 1/4 per unit of u.
+  temperature: float = 1.0
+  threshold: float = 0.5
+  # The statistic r_t = log(mean(e_t²) + eps) is detached: the controller learns when to fire,
+  # the predictor is not rewarded for shaping its errors to open or close the gate.
+  stop_error_gradient: bool = True
+  eps: float = 1e-6
+
+
+def running_standardize(r, stats=None, eps=1e-6):
+  """r [batch, seq] -> ((r_t − μ_t) / σ_t, stats), μ, σ over every position ≤ t of the stream.
+
+  ``stats`` carries the running moments from earlier calls ({"count", "shift", "sum", "sumsq"}
+  [batch], from ``initial_stats``; None: the stream starts here), so a stream standardised chunk
+  by chunk gives the values of one pass. The moments are of r − shift, shift = the stream's first
+  r (the variance is shift invariant; this keeps float32 cancellation small when r has a large
+  offset). The stream's first position gives 0.
+  """
+  if stats is None:
+    stats = initial_stats(r.shape[0])
+  shift = jnp.where(stats["count"] > 0, stats["shift"], r[:, 0])
+  centred = r - shift[:, None]
+  count = stats["count"][:, None] + jnp.arange(1, r.shape[1] + 1, dtype=r.dtype)
+  total = stats["sum"][:, None] + jnp.cumsum(centred, axis=1)
+  total_sq = stats["sumsq"][:, None] + jnp.cumsum(centred * centred, axis=1)
+  mean = total / count
+  var = jnp.maximum(total_sq / count - mean * mean, 0.0)
+  z = (centred - mean) * jax.lax.rsqrt(var + eps)
+  return z, {"count": count[:, -1], "shift": shift, "sum": total[:, -1], "sumsq": total_sq[:, -1]}
+
+
+def initial_stats(batch):
+  zeros = jnp.zeros((batch,), jnp.float32)
+  return {"count": zeros, "shift": zeros, "sum": zeros, "sumsq": zeros}
+
+
+def causal_standardize(r, eps=1e-6):
+  """r [batch, seq] -> (r_t − μ_t) / σ_t with μ, σ over positions ≤ t (no future token leaks)."""
+  return running_standardize(r, None, eps)[0]
+
+
+class ControllerOutput(NamedTuple):
+  mask: jax.Array  # [batch, seq], 0/1 forward, straight-through gradient
+  p: jax.Array  # [batch, seq], σ(u / τ)
+  ratio: jax.Array  # (), the sparse ratio ρ
+  aux: jax.Array  # (), (mean(mask) − ρ)²
+  stats: dict  # the running moments after this call (see ``running_standardize``)
+
+
+class SparseController(nn.Module):
+  """error e [batch, seq, d] (and optionally the carried ``stats``) -> ``ControllerOutput``.
+
+      r_t = log(mean(e_t²) + eps),  z_t = running_standardize(r)_t
+      u_t = scale · z_t + bias − Φ⁻¹(1 − ρ),  p_t = σ(u_t / τ)
+      m_t = 1[p_t > threshold] forward, dm/dp = 1 backward (straight through)
+
+  Tie to ρ: z is roughly standard normal, so shifting it by the normal quantile Φ⁻¹(1 − ρ)
+  makes a fraction ≈ ρ of tokens fire at init (scale 1, bias 0), and ρ receives the task
+  gradient through that shift. aux = (mean(m) − ρ)² is returned for the model to log or to add
+  with a weight, holding the realised rate near ρ once scale and bias move.
+  """
+
+  config: ControllerConfig
+
+  @nn.compact
+  def __call__(self, error, stats=None):
+    cfg = self.config
+    scale = self.param("scale", constant_init(1.0, ()), ())
+    bias = self.param("bias", constant_init(0.0, ()), ())
+    phi = self.param("ratio_logit", constant_init(bounded_init(cfg.ratio_init, cfg.ratio_min, cfg.ratio_max), ()), ())
+    if not cfg.learn_ratio:
+      phi = jax.lax.stop_gradient(phi)
+    ratio = bounded(phi, cfg.ratio_min, cfg.ratio_max)
+
+    error = error.astype(jnp.float32)
+    if cfg.stop_error_gradient:
+      error = jax.lax.stop_gradient(error)
+    r = jnp.log(jnp.mean(error * error, axis=-1) + cfg.eps)
+    z, stats = running_standardize(r, stats, cfg.eps)
+    u = scale * z + bias - jax.scipy.special.ndtri(1.0 - ratio)
+    p = jax.nn.sigmoid(u / cfg.temperature)
+    hard = (p > cfg.threshold).astype(p.dtype)
+    mask = hard + (p - jax.lax.stop_gradient(p))  # p − p = 0 exactly: forward is 0/1
+    aux = jnp.square(jnp.mean(mask) - ratio)
+    return ControllerOutput(mask, p, ratio, aux, stats)

@@ -1,0 +1,123 @@
+"""The dual-timescale memory of LPC-SM (lpc-sm-spec.md §3): chunk summaries written into a fast
+and a slow state (the slow one through ONT), read causally by every token of the next chunk.
+
+The paper's equations were lost (lpc-sm-spec.md marks them NOT FOUND); every such choice is a
+config field below, with the default chosen and the reason beside it.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from .common import Projection, constant_init, logit
+from .ont import ONT, ONTConfig, ont_write
+
+
+def linear_recurrence(decay, inputs, initial):
+  """s_k = decay_k ⊙ s_{k−1} + inputs_k along axis 1, s_{−1} = initial, by associative scan.
+
+  decay, inputs [batch, K, m]; initial [batch, m] -> all states [batch, K, m]. The pairs
+  (a, b) compose as (a1, b1) then (a2, b2) = (a1 a2, a2 b1 + b2): O(log K) depth, no loop.
+  """
+  inputs = inputs.at[:, 0].add(decay[:, 0] * initial)
+
+  def combine(first, second):
+    return first[0] * second[0], second[0] * first[1] + second[1]
+
+  return jax.lax.associative_scan(combine, (decay, inputs), axis=1)[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+  """Fields read by ``DualTimescaleMemory``. All sizes and update rules are NOT FOUND."""
+
+  d_model: int = 64
+  memory_dim: int = 64  # m, width of the chunk summaries and of both states
+  chunk_size: int = 64  # tokens per chunk; the sequence length must be a multiple of it
+  slow: bool = True  # False: no slow memory (the "− slow memory" ablation)
+  ont: bool = True  # False: the slow state takes the plain write (the "− ONT" ablation)
+  # Per-channel decays a = σ(θ) ∈ (0, 1), learned. Fast: half-life ~1 chunk (short timescale);
+  # slow: 0.95, a memory of ~20 chunks, i.e. ~1k tokens at chunk 64 (the long timescale).
+  fast_decay_init: float = 0.5
+  slow_decay_init: float = 0.95
+  kappa_max: float = 4.0  # ONT gain bounds and init, see ONTConfig
+  kappa_init: float = 2.0
+  ont_eps: float = 1e-6
+  # The read projections start at zero, so the layer's reads start at 0 and a block adding them
+  # to its residual stream starts as if it had no memory (tests set it > 0 to see the reads).
+  read_init_std: float = 0.0
+  init_std: float = 0.02
+
+
+class DualTimescaleMemory(nn.Module):
+  """x [batch, seq, d], state (None: zeros) -> (reads [batch, seq, d], new state).
+
+  Chunk k (of K = seq / chunk_size) has summary c_k = W_c mean(x over chunk k) ∈ R^m. Then
+      fast  f_k = a ⊙ f_{k−1} + (1 − a) ⊙ c_k              (linear: one associative scan)
+      slow  s_k = λ ⊙ s_{k−1} + (1 − λ) ⊙ ONT(c_k; s_{k−1})  (the write reads s_{k−1}: lax.scan)
+  Both are exponential moving averages, so the states stay on the scale of a summary. The slow
+  recurrence is non-linear in s, so it runs as a lax.scan over chunks (K steps of O(m) work,
+  cheap next to the token path); only chunk boundaries write, never single tokens.
+
+  Every token of chunk k reads the states after chunk k − 1 (chunk 0: the carried-in state):
+      read = W_f f_{k−1} + W_s s_{k−1}  ->  [d]
+  so nothing from its own chunk or later leaks in. The new state {"fast", "slow"} [batch, m] is
+  the state after the last chunk: calling the layer chunk by chunk with the carried state gives
+  the same reads as one pass over the whole sequence.
+  """
+
+  config: MemoryConfig
+
+  @nn.compact
+  def __call__(self, x, state=None):
+    cfg = self.config
+    batch, seq, d = x.shape
+    if seq % cfg.chunk_size:
+      raise ValueError(f"seq {seq} must be a multiple of chunk_size {cfg.chunk_size}")
+    num_chunks, m = seq // cfg.chunk_size, cfg.memory_dim
+    if state is None:
+      state = self.initial_state(batch)
+
+    chunks = x.astype(jnp.float32).reshape(batch, num_chunks, cfg.chunk_size, d).mean(axis=2)
+    summaries = Projection((m,), ("embed", None), init_std=cfg.init_std, name="summary")(chunks)
+
+    def decay(name, value):
+      raw = self.param(name, constant_init(logit(value), (None,)), (m,))
+      return jax.nn.sigmoid(raw)
+
+    fast_decay = decay("fast_decay_logit", cfg.fast_decay_init)
+    fast = linear_recurrence(jnp.broadcast_to(fast_decay, summaries.shape), (1 - fast_decay) * summaries,
+                             state["fast"])
+    fast_before = jnp.concatenate([state["fast"][:, None], fast[:, :-1]], axis=1)  # [batch, K, m]
+    read = Projection((d,), (None, "embed"), init_std=cfg.read_init_std, name="read_fast")(fast_before)
+    new_state = {"fast": fast[:, -1], "slow": state["slow"]}
+
+    if cfg.slow:
+      slow_decay = decay("slow_decay_logit", cfg.slow_decay_init)
+      if cfg.ont:  # one learned gain for the layer
+        kappa = ONT(ONTConfig(kappa_max=cfg.kappa_max, kappa_init=cfg.kappa_init, eps=cfg.ont_eps), name="ont").gain()
+
+      def step(slow, summary):
+        write = ont_write(summary, slow, kappa, cfg.ont_eps) if cfg.ont else summary
+        slow = slow_decay * slow + (1 - slow_decay) * write
+        return slow, slow
+
+      final_slow, slow_all = jax.lax.scan(step, state["slow"], jnp.swapaxes(summaries, 0, 1))
+      slow_all = jnp.swapaxes(slow_all, 0, 1)  # [batch, K, m]
+      slow_before = jnp.concatenate([state["slow"][:, None], slow_all[:, :-1]], axis=1)
+      read = read + Projection((d,), (None, "embed"), init_std=cfg.read_init_std, name="read_slow")(slow_before)
+      new_state["slow"] = final_slow
+
+    reads = jnp.repeat(read, cfg.chunk_size, axis=1).astype(x.dtype)  # chunk k's read to its tokens
+    return reads, new_state
+
+  def initial_state(self, batch):
+    return initial_memory_state(self.config, batch)
+
+
+def initial_memory_state(config, batch):
+  """The empty state of ``DualTimescaleMemory(config)``: both states zero."""
+  zeros = jnp.zeros((batch, config.memory_dim), jnp.float32)
+  return {"fast": zeros, "slow": zeros}

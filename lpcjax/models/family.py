@@ -1,0 +1,76 @@
+"""The family contract and the table of families: ``lpcjax.models.get("fox")``.
+
+The family is the one place that knows what its model reads, how it is scored and evaluated,
+so that train.py and eval.py never branch on the family. ``Family`` is neutral: it names what
+every family must say and has no defaults that belong to one kind of model. The language
+models' defaults (token inputs, next-token loss, vocabulary check, the per-token evaluator)
+are in ``lpcjax.models.language_model``; see docs/adding_a_family.md.
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+import jax
+
+from lpcjax.evaluation.protocol import Evaluator
+from lpcjax.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A model family.
+
+  * ``config_cls``: its frozen config dataclass (with a ``family`` class attribute = ``name``);
+    ``module_cls(config)`` is the Linen module.
+  * ``loss(apply_fn, params, batch, *, rng, step, mutable, train) -> (loss, metrics,
+    new_mutable)``: see ``lpcjax.losses``.
+  * ``example_inputs(data_config)``: the positional arguments of ``module.init`` (a batch of
+    one, any pytree of any dtypes).
+  * ``data_kinds``: the ``data.kind`` values it reads; ``check(experiment_config)`` raises a
+    ConfigError on an impossible model/data pairing.
+  * ``evaluator()``: a factory of the object eval.py runs (``lpcjax.evaluation.Evaluator``).
+  * ``mutable``: variable collections the model updates in training (e.g. ``("batch_stats",)``);
+    they live in the TrainState and are sharded, checkpointed and restored like the params.
+  * ``rng_streams``: the rng names the model draws from at init (e.g. ``("dropout",)``).
+  * ``throughput_unit`` and ``units_per_example(config)``: what the progress bar counts.
+  * ``init_cache(config, batch, max_len)``: for families that decode token by token
+    (``lpcjax.decoding``), an empty cache that ``module.apply(params, tokens, segment_ids,
+    cache)`` prefills and then extends one token at a time; None: no cached decoding.
+  """
+
+  name: str
+  config_cls: type
+  module_cls: type
+  loss: Callable
+  example_inputs: Callable
+  data_kinds: tuple
+  check: Callable
+  evaluator: Callable[[], Evaluator]
+  mutable: tuple = ()
+  rng_streams: tuple = ()
+  throughput_unit: str = "examples"
+  units_per_example: Callable = lambda config: 1
+  init_cache: Optional[Callable] = None
+
+  def build(self, config):
+    if not isinstance(config, self.config_cls):
+      raise TypeError(f"family {self.name!r} needs a {self.config_cls.__name__}, got {type(config).__name__}")
+    return self.module_cls(config)
+
+  def init_variables(self, model, data_config, seed):
+    """The model's boxed variables (params and mutable collections), from the example inputs.
+    The params key is PRNGKey(seed); the other rng streams are folded from it."""
+    key = jax.random.PRNGKey(seed)
+    rngs = {"params": key, **{name: jax.random.fold_in(key, i + 1) for i, name in enumerate(self.rng_streams)}}
+    config = model.config
+    if getattr(config, "debug_checks", False):  # value checks belong to apply, not init
+      model = model.clone(config=dataclasses.replace(config, debug_checks=False))
+    return model.init(rngs, *self.example_inputs(data_config))
+
+
+_FAMILIES = Registry("model.family", "model family")
+get, names = _FAMILIES.get, _FAMILIES.names
+
+
+def register(family):
+  return _FAMILIES.register(family.name, family)

@@ -1,0 +1,41 @@
+"""What the language-model families share: token inputs, next-token loss, the vocabulary check
+and the per-token evaluator. ``language_model_family(name, config_cls, module_cls, **fields)``
+is a ``Family`` with these defaults; any field can be given to replace one."""
+
+import jax.numpy as jnp
+
+from lpcjax.config import require
+from lpcjax.evaluation.language_model import LanguageModelEvaluator
+from lpcjax.losses import lm_loss
+
+from .family import Family
+
+LM_DATA_KINDS = ("mqar", "text", "tokens")
+
+
+def token_inputs(data_config):
+  """Example model inputs for abstract init: int32 tokens [1, seq_len]."""
+  return (jnp.zeros((1, data_config.seq_len), jnp.int32),)
+
+
+def check_vocab(config):
+  """A language model's vocabulary holds every token of its data."""
+  data_vocab = config.data.vocab_size
+  require(config.model.vocab_size >= data_vocab, "model.vocab_size",
+          f"{config.model.vocab_size} is smaller than the {config.data.kind} data's {data_vocab} tokens")
+
+
+def language_model_evaluator(sequence_logits=None):
+  """The evaluator factory of a language-model family; ``sequence_logits`` replaces the plain
+  forward pass for models that read fixed windows (see LanguageModelEvaluator)."""
+  if sequence_logits is None:
+    return LanguageModelEvaluator
+  return lambda: LanguageModelEvaluator(sequence_logits=sequence_logits)
+
+
+def language_model_family(name, config_cls, module_cls, **fields):
+  """A Family that reads tokens and predicts the next one; throughput counts tokens."""
+  defaults = dict(loss=lm_loss, example_inputs=token_inputs, data_kinds=LM_DATA_KINDS, check=check_vocab,
+                  evaluator=language_model_evaluator(), throughput_unit="tokens",
+                  units_per_example=lambda config: config.data.seq_len)
+  return Family(name, config_cls, module_cls, **{**defaults, **fields})

@@ -1,0 +1,105 @@
+"""The package's imports run one way (docs/layout.md): no module imports, directly or through
+others, a module that imports it, and no library module defers an lpcjax import into a function
+to dodge such a loop. Static: every ``import`` statement of lpcjax/ and kernels/ (installed as
+lpcjax.kernels), wherever it stands, is an edge; importing a package means its __init__."""
+
+import ast
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# Entry points import the library inside main() so that a Ctrl-C or --help comes before JAX's
+# import; they sit above everything else and nothing imports them.
+ENTRY_POINTS = {"lpcjax.generate", "lpcjax.convert.__main__", "lpcjax.data.__main__"}
+
+
+def module_files():
+  """{module name: path} of the installed package."""
+  out = {}
+  for folder, prefix in ((REPO / "lpcjax", "lpcjax"), (REPO / "kernels", "lpcjax.kernels")):
+    for path in folder.rglob("*.py"):
+      parts = list(path.relative_to(folder).with_suffix("").parts)
+      if parts[-1] == "__init__":
+        parts = parts[:-1]
+      out[".".join([prefix, *parts])] = path
+  return out
+
+
+def imports_of(name, path, modules):
+  """[(target module, deferred)] for every lpcjax import in the file."""
+  package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+  tree = ast.parse(path.read_text())
+  top_level = {id(node) for node in tree.body}
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      targets = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(anchor + ([node.module] if node.module else []))
+      targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    else:
+      continue
+    for target in targets:
+      if target in modules and target != name:
+        found.append((target, id(node) not in top_level))
+  return found
+
+
+def find_cycles(graph):
+  """The strongly connected components of more than one module (Tarjan)."""
+  index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+  def visit(v):  # Tarjan's strongly connected components
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = set()
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.add(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        cycles.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return cycles
+
+
+def graph_of(modules):
+  return {name: {t for t, _ in imports_of(name, path, modules)} for name, path in modules.items()}
+
+
+def test_no_import_cycle():
+  cycles = find_cycles(graph_of(module_files()))
+  assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_deferred_library_import():
+  modules = module_files()
+  deferred = [(name, target) for name, path in sorted(modules.items()) if name not in ENTRY_POINTS
+              for target, inside in imports_of(name, path, modules) if inside]
+  assert not deferred, f"imports inside functions (move them to the top of the module): {deferred}"
+
+
+def test_the_check_sees_a_cycle(tmp_path):
+  """The graph code finds a loop when there is one (two modules importing each other)."""
+  a, b = tmp_path / "a.py", tmp_path / "b.py"
+  a.write_text("from lpcjax.b import x\n")
+  b.write_text("def f():\n  import lpcjax.a\n")
+  modules = {"lpcjax.a": a, "lpcjax.b": b}
+  assert imports_of("lpcjax.a", a, modules) == [("lpcjax.b", False)]
+  assert imports_of("lpcjax.b", b, modules) == [("lpcjax.a", True)]
+  assert find_cycles(graph_of(modules)) == [["lpcjax.a", "lpcjax.b"]]

@@ -16,6 +16,8 @@ import tempfile
 
 import numpy as np
 
+from lpcjax.errors import UserError
+
 
 class ConvertError(UserError, ValueError):
   """A checkpoint that lpcjax cannot convert: an option it does not have, a missing or

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from lpcjax import experiment as config_lib
 from lpcjax import interrupts
+from lpcjax.errors import UserError
 from lpcjax import models
 from lpcjax.data import make_dataset, make_iterator
 from lpcjax.files import write_json_atomic

@@ -5,7 +5,6 @@ init, the loss (see ``lpcjax.losses`` for its contract), the mutable collections
 (``lpcjax.models.Family``).
 """
 
-import dataclasses
 import functools
 from typing import Any
 

@@ -12,7 +12,7 @@ ablations of Table 2), ``<size>_stage_b`` / ``<size>_stage_b_fixed`` (Stage B, a
 sparse ratio) and ``<size>_stage_c`` (twice the sequence length). Every run is named after its
 config (``runs/lpcsm_tiny``, ...) so that Stage B finds Stage A and C finds B through
 ``train.init_from``; override ``train.init_from`` to start from another run. Data are yours:
-give text files (data.kind=text) or prepared token files (data.kind=tokens, see the README).
+give text files (data.kind=text) or prepared token files (data.kind=tokens, see docs/training.md).
 
 ``paper``: 158,963,281 parameters, +0.41 % of the paper's 158,313,241 (its dimensions were not
 recovered): GPT-2 vocabulary, tied embeddings, d 768, 12 layers of 12 heads, SwiGLU 2048,

@@ -1,7 +1,7 @@
 """The FoX paper's sizes: ``--config paper:<family>[_pro]_<size>``.
 
 family: fox | transformer; size: 125m | 360m | 760m. For example ``paper:fox_pro_760m``.
-Training data is not set here: add ``data.train_tokens=PREFIX`` (see README, "Train on real text").
+Training data is not set here: add ``data.train_tokens=PREFIX`` (see docs/training.md, "Train on real text").
 """
 
 from lpcjax.paper_recipe import paper_experiment

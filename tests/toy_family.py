@@ -1,5 +1,5 @@
 """A toy non-token family, defined only for the tests: it proves that a family plugs into
-train.py and eval.py through its declarations alone (README, "Adding a family").
+train.py and eval.py through its declarations alone (docs/adding_a_family.md).
 
 * data kind ``toy_series``: a finite set of float series [T, C] whose class sets the frequency;
 * family ``toy_classifier``: Dense -> BatchNorm -> ReLU -> Dropout -> mean over time -> Dense;

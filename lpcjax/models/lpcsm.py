@@ -71,7 +71,7 @@ class LPCSMConfig(GateFields, DecoderConfig):
   forget_gate: str = "none"  # "data_dependent": FoX's gate inside the window (GateFields)
   attention_impl: str = "auto"
 
-  # Dual-timescale memory (lpcjax.layers.lpcsm.MemoryConfig for the rules).
+  # Dual-timescale memory (lpcjax.layers.memory.MemoryConfig for the rules).
   chunk_size: int = 64
   memory_dim: int = 512
   fast_decay_init: float = 0.5

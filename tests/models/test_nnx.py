@@ -1,4 +1,4 @@
-"""A zoo model used from Flax NNX through the Linen bridge (the README's example)."""
+"""A zoo model used from Flax NNX through the Linen bridge (docs/api.md)."""
 
 import contextlib
 

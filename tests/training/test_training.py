@@ -149,7 +149,7 @@ def test_run_stops_after_nonfinite_steps_and_saves_nothing(tmp_path):
   nan_loss = lambda apply_fn, params, batch, **_: (
       jnp.nan * jax.tree.leaves(params)[0].sum(), {"loss": (jnp.nan, 1.0)}, {})
   if "nan_fox_for_tests" not in models.names():
-    models.register(models.Family("nan_fox_for_tests", NaNConfig, models.DecoderLM, loss=nan_loss))
+    models.register(models.language_model_family("nan_fox_for_tests", NaNConfig, models.DecoderLM, loss=nan_loss))
   base = tiny_experiment(tmp_path, "train.max_nonfinite_steps=3", "train.mesh_data=1", name="nan")
   cfg = dataclasses.replace(base, model=NaNConfig(**{f.name: getattr(base.model, f.name)
                                                      for f in dataclasses.fields(base.model)}))

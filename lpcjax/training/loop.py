@@ -16,189 +16,33 @@ in evaluation, where it is written as ``eval_<name>``.
 """
 
 import contextlib
+import dataclasses
 import functools
-import json
 import os
 import shutil
-import signal
-import threading
 import time
+from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.experimental import checkify, multihost_utils
+from jax.experimental import checkify
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-from lpcjax import experiment as config_lib
-from lpcjax import interrupts
-from lpcjax.errors import UserError
-from lpcjax import models
+from lpcjax import experiment, models
 from lpcjax.data import make_dataset, make_iterator
 from lpcjax.files import write_json_atomic
 from lpcjax.sharding import check_divisible, make_mesh, rules_from_config
 
-from .checkpoint import Checkpointer, latest_checkpoint_step
-from .runs import (RunError, check_same_structure, num_params, parse_run_spec, read_config, restore_checked,
-                   restore_state)
+from .checkpoint import Checkpointer
+from .run_directory import RunExistsError  # noqa: F401  (re-exported: train() raises it)
+from .run_directory import MetricsLog, check_resumable, metric_means, open_run_directory
+from .runs import check_same_structure, num_params, parse_run_spec, restore_checked, restore_state
+from .stopping import TrainingError  # noqa: F401  (re-exported: train() raises it)
+from .stopping import NonfiniteGuard, stop_agreed, stop_requests
 from .steps import create_train_state, eval_step, make_optimizer, state_shardings, step_rng, train_step
-
-
-class RunExistsError(UserError, FileExistsError):
-  """A new run whose directory already holds checkpoints (pass --resume to continue it)."""
-
-
-class TrainingError(UserError, RuntimeError):
-  """The run cannot continue (e.g. too many non-finite steps in a row)."""
-
-
-class NonfiniteGuard:
-  """Counts non-finite steps in a row and stops the run at ``limit``. Each step's flag is read
-  one step late, after the next step is dispatched, so the host never waits for the device."""
-
-  def __init__(self, limit, on_stop):
-    self.limit, self.on_stop, self.run, self.pending = limit, on_stop, 0, None
-
-  def push(self, step, finite):
-    previous, self.pending = self.pending, (step, finite)
-    if previous is not None:
-      self._check(*previous)
-
-  def flush(self):
-    if self.pending is not None:
-      self._check(*self.pending)
-      self.pending = None
-
-  def _check(self, step, finite):
-    self.run = 0 if float(finite) else self.run + 1
-    if self.run >= self.limit:
-      latest = self.on_stop()
-      raise TrainingError(f"{self.run} non-finite losses in a row at step {step}; stopped without "
-                          f"saving (latest checkpoint: step {latest})")
-
-
-def open_run_directory(config, resume):
-  """(run_dir, latest checkpoint step or None, whether this call created the folder), after
-  checking what ``resume`` asks of it: False, a new run (a folder with checkpoints is an error);
-  True, continue its latest checkpoint (none is an error); "or_start", continue or start."""
-  if resume and not config.train.run_name:
-    raise config_lib.ConfigError("train.run_name: --resume needs the name of the run to continue")
-  if jax.process_count() > 1 and not config.train.run_name:  # each process would time-stamp its own
-    raise config_lib.ConfigError("train.run_name: a run of several processes needs a name")
-  name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-  run_dir = os.path.join(config.train.run_dir, name)
-  latest = latest_checkpoint_step(run_dir)
-  if latest is not None and not resume:
-    raise RunExistsError(f"run directory {run_dir} already holds checkpoints; pass --resume to "
-                          "continue it or choose another train.run_name")
-  if latest is None and resume is True:
-    raise RunError(f"{run_dir}: no checkpoint to resume; start it without --resume "
-                   "(--resume-or-start does either)")
-  if latest is not None and latest > config.train.steps:
-    raise config_lib.ConfigError(f"train.steps: {run_dir} is already at step {latest}, past "
-                                 f"train.steps={config.train.steps}; set train.steps above {latest} to train on")
-  created = not os.path.isdir(run_dir)
-  os.makedirs(run_dir, exist_ok=True)
-  return run_dir, latest, created
-
-
-def check_resumable(run_dir, config):
-  """The model and data of a resumed run must be the checkpoint's; train.* may change."""
-  saved = config_lib.to_dict(read_config(run_dir))
-  now = config_lib.to_dict(config)
-  for section in ("model", "data"):
-    for key in sorted(set(saved[section]) | set(now[section])):
-      old, new = saved[section].get(key), now[section].get(key)
-      if old != new:
-        raise config_lib.ConfigError(f"{section}.{key}: the checkpoint in {run_dir} was trained with "
-                                     f"{old!r}, this config says {new!r}")
-
-
-@contextlib.contextmanager
-def stop_requests():
-  """Yields a dict whose "stop" turns True on SIGTERM/SIGINT (handlers restored on exit)."""
-  flag = {"stop": False}
-  if threading.current_thread() is not threading.main_thread():
-    yield flag
-    return
-
-  def handler(signum, frame):
-    flag["stop"] = True
-
-  previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-  flag["stop"] = flag["stop"] or interrupts.requested()  # a Ctrl-C that start-up code swallowed
-  try:
-    yield flag
-  finally:
-    for sig, old in previous.items():
-      signal.signal(sig, old)
-
-
-def stop_agreed(stop):
-  """Whether any process was asked to stop. Every process must stop at the same step (saving a
-  checkpoint and leaving the loop are collective), so with several processes they agree on it
-  at every step; a single process reads its own flag."""
-  if jax.process_count() == 1:
-    return stop["stop"]
-  return bool(np.any(multihost_utils.process_allgather(np.asarray(stop["stop"]))))
-
-
-def _step_of(line):
-  """The step of a metrics.jsonl row; a row cut short by a killed run counts as past any step."""
-  try:
-    return json.loads(line)["step"]
-  except (json.JSONDecodeError, KeyError):
-    return float("inf")
-
-
-class MetricsLog:
-  """metrics.jsonl in the run directory, plus TensorBoard if asked for. A run starting at step
-  ``start`` keeps only the rows up to it (a run killed after its last checkpoint logged steps
-  that its resumption logs again), then appends. Only process 0 writes."""
-
-  def __init__(self, run_dir, tensorboard, start):
-    self.enabled = jax.process_index() == 0
-    self.file, self.tensorboard = None, None
-    if not self.enabled:
-      return
-    path = os.path.join(run_dir, "metrics.jsonl")
-    kept = [line for line in open(path) if _step_of(line) <= start] if os.path.exists(path) else []
-    with open(f"{path}.tmp", "w") as f:
-      f.writelines(kept)
-    os.replace(f"{path}.tmp", path)
-    self.file = open(path, "a")
-    if tensorboard:
-      try:
-        from tensorboardX import SummaryWriter
-      except ImportError:
-        raise config_lib.ConfigError("train.tensorboard: needs tensorboardX "
-                                     "(pip install 'lpcjax[tensorboard]')") from None
-      self.tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
-
-  def write(self, record):
-    if not self.enabled:
-      return
-    self.file.write(json.dumps(record) + "\n")
-    self.file.flush()
-    if self.tensorboard is not None:
-      for key, value in record.items():
-        if key != "step":
-          self.tensorboard.add_scalar(key, value, record["step"])
-
-  def close(self):
-    if self.file is not None:
-      self.file.close()
-    if self.tensorboard is not None:
-      self.tensorboard.close()
-
-
-def metric_means(metrics):
-  """{name: (sum, weight)} -> {name: sum / weight} as Python floats (NaN where weight is 0)."""
-  return {name: float(total) / float(weight) if float(weight) else float("nan")
-          for name, (total, weight) in metrics.items()}
 
 
 class TrainingData:
@@ -208,7 +52,7 @@ class TrainingData:
   def __init__(self, config, mesh):
     data_ways = mesh.shape["data"] * mesh.shape["fsdp"]
     if config.data.batch_size % (data_ways * config.train.grad_accum_steps):
-      raise config_lib.ConfigError(
+      raise experiment.ConfigError(
           f"data.batch_size: {config.data.batch_size} is not divisible by the data axes (data x fsdp "
           f"= {data_ways}) times train.grad_accum_steps={config.train.grad_accum_steps}")
     self.sharding = NamedSharding(mesh, P(("data", "fsdp")))
@@ -285,7 +129,7 @@ def initial_state(family, model, config, run_dir, start, data, checkpointer, abs
     params, mutable = weights_from_run(config.train.init_from, abstract, shardings, mesh, rules)
     state = state.replace(params=params, mutable=mutable)
   if jax.process_index() == 0:  # processes share the run directory: one writer
-    write_json_atomic(os.path.join(run_dir, "config.json"), config_lib.to_dict(config))
+    write_json_atomic(os.path.join(run_dir, "config.json"), experiment.to_dict(config))
   return state
 
 
@@ -334,10 +178,27 @@ def train(config, resume=False, progress=True, devices=None):
   return run_dir, summary
 
 
+@dataclasses.dataclass(frozen=True)
+class Hook:
+  """Something the loop does after a step, on its own cadence: ``action(step, state, metrics)``
+  runs after every ``every``-th step (0: never by cadence), and after the last step only if
+  ``at_last_step`` (the loop saves and evaluates the last step itself)."""
+
+  every: int
+  action: Callable
+  at_last_step: bool = False
+
+  def due(self, step, total):
+    if step == total:
+      return self.at_last_step
+    return self.every > 0 and step % self.every == 0
+
+
 class TrainingLoop:
-  """The step loop from ``start`` to ``train.steps``: log, evaluate, checkpoint, stop on request
-  (checked before the first step and after every step). ``trained``: whether a step ran; ``preempted``: whether
-  a stop request ended it before ``train.steps``."""
+  """The step loop from ``start`` to ``train.steps``, its cadence as hooks (``hooks()``): log,
+  evaluate, checkpoint, and stop on request (checked before the first step and after every
+  step). ``trained``: whether a step ran; ``preempted``: whether a stop request ended it before
+  ``train.steps``."""
 
   def __init__(self, config, family, data, run_dir, stop, start):
     self.config, self.family, self.data, self.run_dir, self.stop, self.start = config, family, data, run_dir, stop, start
@@ -348,49 +209,59 @@ class TrainingLoop:
     return self.saved_step
 
   def _save(self, step, state):
-    self.checkpointer.save(step, state, self.data.train)
-    self.saved_step = step
+    if step != self.saved_step:
+      self.checkpointer.save(step, state, self.data.train)
+      self.saved_step = step
+
+  def hooks(self, log, eval_fn, clock):
+    """[log metrics, evaluate, checkpoint, stop on request], in the order they run."""
+    cfg, start = self.config.train, self.start
+    units_per_step = self.config.data.batch_size * self.family.units_per_example(self.config)
+    rate_key = f"{self.family.throughput_unit}_per_sec"
+
+    def log_metrics(step, state, metrics):
+      record = {"step": step, **metric_means(metrics),
+                rate_key: (step - start) * units_per_step / (time.perf_counter() - clock)}
+      log.write(record)
+      self.bar.set_postfix({"loss": f"{record['loss']:.3f}", rate_key: f"{record[rate_key]:.0f}"})
+
+    def evaluate(step, state, metrics):
+      log.write({"step": step, **self.data.evaluate(state, eval_fn)})
+
+    def stop_on_request(step, state, metrics):  # one cross-process all-gather per step
+      if stop_agreed(self.stop):
+        self._save(step, state)
+        self.preempted = True
+
+    return [Hook(cfg.log_every, log_metrics, at_last_step=True), Hook(cfg.eval_every, evaluate),
+            Hook(cfg.checkpoint_every, lambda step, state, _: self._save(step, state)), Hook(1, stop_on_request)]
 
   def run(self, state, train_fn, eval_fn, progress):
     """Returns the final record: the step reached, and the final evaluation unless preempted."""
     cfg, data, start, total = self.config.train, self.data, self.start, self.config.train.steps
-    units_per_step = self.config.data.batch_size * self.family.units_per_example(self.config)
-    rate_key = f"{self.family.throughput_unit}_per_sec"
     guard = NonfiniteGuard(cfg.max_nonfinite_steps, self._stop_for_nonfinite)
-    bar = tqdm(range(start, total), initial=start, total=total, desc=self.config.name,
-               disable=not (progress and jax.process_index() == 0), dynamic_ncols=True)
-    clock = time.perf_counter()
+    self.bar = tqdm(range(start, total), initial=start, total=total, desc=self.config.name,
+                    disable=not (progress and jax.process_index() == 0), dynamic_ncols=True)
     log = MetricsLog(self.run_dir, cfg.tensorboard, start)
     with contextlib.closing(log):
-      # Asked to stop before the first step (e.g. while the state was built)? After that the flag
-      # is read once per step, after the step (one cross-process all-gather per step).
+      hooks = self.hooks(log, eval_fn, time.perf_counter())
+      # Asked to stop before the first step (e.g. while the state was built)?
       self.preempted = stop_agreed(self.stop)
-      for step in bar:
+      for step in self.bar:
         if self.preempted:
           break
         state, metrics = train_fn(state, data.place(next(data.train)))
         self.trained, done = True, step + 1
         guard.push(done, metrics["finite"][0])
-        if done % cfg.log_every == 0 or done == total:
-          record = {"step": done, **metric_means(metrics),
-                    rate_key: (done - start) * units_per_step / (time.perf_counter() - clock)}
-          log.write(record)
-          bar.set_postfix({"loss": f"{record['loss']:.3f}", rate_key: f"{record[rate_key]:.0f}"})
-        if done == total:
-          break
-        if cfg.eval_every and done % cfg.eval_every == 0:
-          log.write({"step": done, **data.evaluate(state, eval_fn)})
-        stopping = stop_agreed(self.stop)
-        if stopping or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
-          self._save(done, state)
-        if stopping:
-          self.preempted = True
+        for hook in hooks:
+          if hook.due(done, total):
+            hook.action(done, state, metrics)
+        if done == total or self.preempted:
           break
       guard.flush()
       if self.preempted:
         return {"step": self.saved_step}
-      if self.saved_step != total:  # the last checkpoint first: a failing evaluation loses nothing
-        self._save(total, state)
+      self._save(total, state)  # the last checkpoint first: a failing evaluation loses nothing
       final = {"step": total, **data.evaluate(state, eval_fn)}
       log.write(final)
     return final

@@ -19,7 +19,7 @@ _requested = False
 
 
 def requested():
-  """Whether SIGINT arrived inside ``remembered()``."""
+  """Whether SIGINT arrived inside the ``remembered()`` block that is running (False outside)."""
   return _requested
 
 
@@ -50,3 +50,4 @@ def remembered():
   finally:
     signal.signal(signal.SIGINT, previous_handler)
     sys.unraisablehook = previous_hook
+    _requested = False  # the request belonged to this block: a later run in the process starts clean

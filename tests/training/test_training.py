@@ -253,5 +253,6 @@ def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_run(capsys):
     with stop_requests() as stop:
       assert stop["stop"]
   assert signal.getsignal(signal.SIGINT) is before
+  assert not interrupts.requested()  # the next run in this process is not stopped by it
   err = capsys.readouterr().err
   assert "Traceback" not in err and "Exception ignored" not in err

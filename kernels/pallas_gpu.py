@@ -39,6 +39,7 @@ from .block_sizes import (BlockSizes, first_key_block_in_window, floor_div, head
 from . import row_term
 from .pruning import unless_skipped
 from .reference import tile_logits
+from .vjp import BackendKernels, differentiable
 
 try:  # the Triton compiler parameters exist only where Pallas GPU is built in
   from jax.experimental.pallas import triton as plgpu
@@ -333,31 +334,11 @@ def _scaled_cumsum(log_fgate):
   return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _pallas(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune, window):
-  return _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune, window)[0]
-
-
-def _pallas_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, interpret, prune, window):
-  o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, sm_scale, sizes, interpret, prune,
-                     window)
-  kept = None if row_term.recomputes(q.dtype) else o  # o is a residual only where delta reads it
-  return o, (q, k, v, log_fgate, seg, thr2, kept, lse2)
-
-
-def _pallas_bwd(sm_scale, sizes, interpret, prune, window, residuals, do):
-  q, k, v, log_fgate, seg, thr2, o, lse2 = residuals
-  c2, do = _scaled_cumsum(log_fgate), do.astype(q.dtype)
-  if o is None:  # bf16/fp16: recomputed from the tiles, see row_term.py
-    delta = _row_term(q, k, v, c2, seg, thr2, do, lse2, sm_scale, sizes, interpret, prune, window)
-  else:
-    delta = jnp.swapaxes(row_term.from_output(o, do), 1, 2)
-  dq, dk, dv, dc = _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret,
-                             prune, window)
-  return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None, None
-
-
-_pallas.defvjp(_pallas_fwd, _pallas_bwd)
+# static = (sm_scale, sizes, interpret, prune, window)
+_pallas = differentiable(BackendKernels(
+    cumsum=_scaled_cumsum, forward=_forward, row_term=_row_term,
+    row_term_from_output=lambda o, do: jnp.swapaxes(row_term.from_output(o, do), 1, 2),
+    backward=_backward, seq_axis=2))
 
 
 def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
@@ -382,5 +363,5 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   thr2 = jnp.broadcast_to(threshold[..., None], threshold.shape + (THRESHOLD_WIDTH,))
   o = _pallas(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
               heads_major(log_fgate, padded_len), heads_major(segment_ids, padded_len), thr2,
-              float(sm_scale), sizes, bool(interpret), prune, window)
+              (float(sm_scale), sizes, bool(interpret), prune, window))
   return o[:, :seq_len]

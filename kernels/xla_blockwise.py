@@ -4,8 +4,9 @@ FlashAttention-2 style. The forward pass walks query blocks; for each one it str
 blocks left of (and on) the causal diagonal with an online softmax in float32, and keeps only
 the output and the per-row log-normalizer ``lse``. With a sliding ``window`` each sweep's loop
 starts (forward, dq) or ends (dk/dv) at the last block the band reaches, so the tiles wholly
-outside it are never computed, in either direction; the tiles it crosses are masked. The backward pass (a ``jax.custom_vjp``)
-recomputes each tile's probabilities from ``lse`` in two sweeps, never holding a [T, T] array:
+outside it are never computed, in either direction; the tiles it crosses are masked. The
+backward pass (the custom_vjp of vjp.py) recomputes each tile's probabilities from ``lse`` in
+two sweeps, never holding a [T, T] array:
 
 * with bf16/fp16 inputs, first a query-block sweep for the row term delta_i = sum_j P_ij dP_ij
   (row_term.py says why it is not read off the output there);
@@ -19,9 +20,6 @@ The decay bias c_i - c_j is formed per tile from the float32 cumsum, so no large
 ever subtracted globally.
 """
 
-import functools
-
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -30,6 +28,7 @@ from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major,
 from .pruning import unless_skipped
 from . import row_term
 from .reference import tile_logits
+from .vjp import BackendKernels, differentiable
 
 
 def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scale, window):
@@ -195,34 +194,14 @@ def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window
   return _merge_blocks(dk, 2), _merge_blocks(dv, 2), _merge_blocks(dc, 2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _blockwise(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk, window):
-  return _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk, window)[0]
+def _backward(*args):
+  return (_backward_dq(*args), *_backward_dkv(*args))
 
 
-def _blockwise_fwd(q, k, v, log_fgate, seg, thr, sm_scale, bq, bk, window):
-  c = jnp.cumsum(log_fgate, axis=-1)
-  o, lse = _forward(q, k, v, c, seg, thr, sm_scale, bq, bk, window)
-  kept = None if row_term.recomputes(q.dtype) else o  # o is a residual only where delta reads it
-  return o, (q, k, v, log_fgate, seg, thr, kept, lse)
-
-
-def _blockwise_bwd(sm_scale, bq, bk, window, residuals, do):
-  q, k, v, log_fgate, seg, thr, o, lse = residuals
-  c = jnp.cumsum(log_fgate, axis=-1)
-  if o is None:  # bf16/fp16: recomputed from the tiles, see row_term.py
-    delta = _row_term(q, k, v, c, seg, thr, do, lse, sm_scale, bq, bk, window)
-  else:
-    delta = row_term.from_output(o, do)
-  args = (q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window)
-  dq = _backward_dq(*args)
-  dk, dv, dc = _backward_dkv(*args)
-  d_log_fgate = lax.cumsum(dc, axis=dc.ndim - 1, reverse=True)
-  # The threshold only decides which tiles to skip: piecewise constant, zero gradient.
-  return dq, dk, dv, d_log_fgate, None, None
-
-
-_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+# static = (sm_scale, bq, bk, window)
+_blockwise = differentiable(BackendKernels(
+    cumsum=lambda log_fgate: jnp.cumsum(log_fgate, axis=-1), forward=_forward, row_term=_row_term,
+    row_term_from_output=row_term.from_output, backward=_backward, seq_axis=2))
 
 
 def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
@@ -240,5 +219,5 @@ def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, i
   padded_len = -(-seq_len // max(bq, bk)) * max(bq, bk)
   # Padded keys lie right of every real query, so the causal mask already hides them.
   o = _blockwise(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
-                 prune_threshold, float(sm_scale), bq, bk, window)
+                 prune_threshold, (float(sm_scale), bq, bk, window))
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]

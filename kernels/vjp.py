@@ -1,0 +1,63 @@
+"""The custom_vjp every kernel backend shares: forward, residuals, and the backward's assembly.
+
+A backend supplies its kernels (``BackendKernels``); ``differentiable(kernels)`` returns
+``attention(q, k, v, log_fgate, seg, thr, static) -> o``, differentiable in q, k, v and
+log_fgate. What it does the same way for every backend:
+
+* forward: c = the backend's cumulative sum of log f (float32; some backends scale it by
+  log2 e), then (o, lse) from the forward kernel. Residuals: the inputs, lse, and o only where
+  the backward reads the row term off it (float32; bf16/fp16 recompute it, see row_term.py);
+* backward: c again (cheaper than keeping it), the row term, the backward kernels' dq, dk, dv
+  and dc_j = -sum_i dS_ij, then d log f = reverse cumsum of dc along the sequence, since
+  c_t = sum_{u <= t} log f_u. Segment ids and the pruning threshold get no gradient (the
+  threshold only picks which tiles to skip: piecewise constant).
+
+``static`` is a hashable tuple of the backend's compile-time options (scale, tiles, window,
+...), passed to each of its kernels as trailing arguments.
+"""
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+from jax import lax
+
+from . import row_term
+
+
+class BackendKernels(NamedTuple):
+  """A backend's pieces. Layouts are the backend's own; ``seq_axis`` is the sequence axis of
+  its log f / c / dc arrays."""
+
+  cumsum: Callable  # log_fgate -> c
+  forward: Callable  # (q, k, v, c, seg, thr, *static) -> (o, lse)
+  row_term: Callable  # (q, k, v, c, seg, thr, do, lse, *static) -> delta, recomputed from tiles
+  row_term_from_output: Callable  # (o, do) -> delta
+  backward: Callable  # (q, k, v, c, seg, thr, do, lse, delta, *static) -> (dq, dk, dv, dc)
+  seq_axis: int
+
+
+def differentiable(kernels):
+  """``attention(q, k, v, log_fgate, seg, thr, static) -> o`` with the shared custom_vjp."""
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+  def attention(q, k, v, log_fgate, seg, thr, static):
+    return forward(q, k, v, log_fgate, seg, thr, static)[0]
+
+  def forward(q, k, v, log_fgate, seg, thr, static):
+    o, lse = kernels.forward(q, k, v, kernels.cumsum(log_fgate), seg, thr, *static)
+    kept = None if row_term.recomputes(q.dtype) else o  # o is a residual only where delta reads it
+    return o, (q, k, v, log_fgate, seg, thr, kept, lse)
+
+  def backward(static, residuals, do):
+    q, k, v, log_fgate, seg, thr, o, lse = residuals
+    c, do = kernels.cumsum(log_fgate), do.astype(q.dtype)
+    if o is None:  # bf16/fp16: recomputed from the tiles, see row_term.py
+      delta = kernels.row_term(q, k, v, c, seg, thr, do, lse, *static)
+    else:
+      delta = kernels.row_term_from_output(o, do)
+    dq, dk, dv, dc = kernels.backward(q, k, v, c, seg, thr, do, lse, delta, *static)
+    return dq, dk, dv, lax.cumsum(dc, axis=kernels.seq_axis, reverse=True), None, None
+
+  attention.defvjp(forward, backward)
+  return attention

@@ -160,7 +160,7 @@ def tile_logits_2d(qk, c_q, c_k, seg_q, seg_k, q_pos, k_pos, scale, causal, wind
   other axis (Mosaic has neither 1-D iotas nor cheap row/column relayouts). The tests check it
   against the reference's ``tile_logits`` in both orientations.
   """
-  s = qk * scale + (c_q - c_k)
+  s = qk * scale + (c_q - c_k)  # c_i - c_j first: exact where c is large and the two close
   mask = seg_q == seg_k
   distance = q_pos - k_pos
   if causal:

@@ -47,8 +47,9 @@ from .block_sizes import BlockSizes, first_key_block_in_window, heads_major, que
 # 128 lanes inside the tiles (the MXU sees 128); lowering for TPU was checked on CPU for each.
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 LANES, SUBLANES = 128, 8
-# Untuned starting points (no TPU was available to measure): splash attention's tiles.
-DEFAULT_BLOCK_SIZES = BlockSizes(block_q=512, block_k=512)
+# VMEM that the default tiles may fill: 3/4 of the default scoped limit of v5e (16 MiB; v6e
+# has 32), leaving room for what the estimate below leaves out.
+VMEM_BUDGET_BYTES = 12 * 2**20
 _PARALLEL, _ARBITRARY = "parallel", "arbitrary"
 
 
@@ -57,13 +58,33 @@ def on_tpu():
   return jax.default_backend() == "tpu"
 
 
-def tpu_block_sizes(block_sizes, seq_len, dtype):
+def vmem_bytes(outer, inner, head_dim, dtype):
+  """Estimated VMEM of the hungriest kernel at square-ish tiles: outer and streamed blocks
+  double-buffered (at most 4 [outer, D] blocks: dK/dV's k, v, dk, dv; 2 streamed [inner, D];
+  4 column and 4 row vectors), float32 scratch (2 [outer, D] and a column) and 4 float32
+  [outer, inner] tile temporaries (s, p, dp, ds)."""
+  item = jnp.dtype(dtype).itemsize
+  blocks = (4 * outer + 2 * inner) * head_dim * item + 4 * (outer * LANES + SUBLANES * inner) * 4
+  scratch = (2 * outer * head_dim + outer * LANES) * 4
+  return 2 * blocks + scratch + 4 * outer * inner * 4
+
+
+def default_block_sizes(head_dim, dtype):
+  """Untuned (no TPU was available to measure): the largest square tiles, 512 down to 128,
+  whose estimated VMEM fits VMEM_BUDGET_BYTES."""
+  for size in (512, 256):
+    if vmem_bytes(size, size, head_dim, dtype) <= VMEM_BUDGET_BYTES:
+      return BlockSizes(size, size)
+  return BlockSizes(128, 128)
+
+
+def tpu_block_sizes(block_sizes, seq_len, dtype, head_dim):
   """``block_sizes`` (or the default) fitted to T and to the TPU tiling: streamed blocks
   (block_k, block_k_dq, and block_q_dkv, the queries that dK/dV streams) at least 128, the
   others at least 8 rows of 32 bits (16 for bf16/fp16). Like the GPU kernel's minimum of 16,
   smaller requests are raised, not refused; every size stays a power of two, so the padded
   length (a multiple of the largest) is a multiple of every size."""
-  sizes = block_sizes or DEFAULT_BLOCK_SIZES
+  sizes = block_sizes or default_block_sizes(head_dim, dtype)
   rows = sizes.fitted(seq_len, minimum=SUBLANES * 4 // jnp.dtype(dtype).itemsize)
   lanes = sizes.fitted(seq_len, minimum=LANES)
   return BlockSizes(rows.block_q, lanes.block_k, lanes.block_q_dkv, rows.block_k_dkv,
@@ -483,7 +504,7 @@ def pallas_tpu_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=
   if not interpret and not on_tpu():
     raise ValueError("forgetting_attention: impl='pallas_tpu' needs a TPU; on CPU pass "
                      "interpret=True (slow, for tests) or use impl='xla'")
-  sizes = tpu_block_sizes(block_sizes, seq_len, q.dtype)
+  sizes = tpu_block_sizes(block_sizes, seq_len, q.dtype, head_dim)
   padded_len = -(-seq_len // sizes.largest) * sizes.largest
   # Padded keys lie right of every real query, so the causal mask already hides them.
   o = _attention(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),

@@ -217,10 +217,15 @@ def test_lowers_for_tpu_under_shard_map(pretend_tpu):
   assert "manual_computation" in text or "shard_map" in text
 
 
-def test_block_sizes_fit_the_tpu_tiling():
-  sizes = pallas_tpu.tpu_block_sizes(BlockSizes(8, 8), 1000, jnp.bfloat16)
+def test_block_sizes_fit_the_tpu_tiling_and_vmem():
+  sizes = pallas_tpu.tpu_block_sizes(BlockSizes(8, 8), 1000, jnp.bfloat16, 64)
   assert sizes == BlockSizes(16, 128, 128, 16, 16, 128)  # streamed: lanes; outer: sublanes
-  assert pallas_tpu.tpu_block_sizes(None, 100, jnp.float32) == BlockSizes(128, 128, 128, 128, 128, 128)
+  assert pallas_tpu.tpu_block_sizes(None, 100, jnp.float32, 64) == BlockSizes(*[128] * 6)
+  for dtype in (jnp.bfloat16, jnp.float32):
+    for head_dim in pallas_tpu.SUPPORTED_HEAD_DIMS:
+      size = pallas_tpu.default_block_sizes(head_dim, dtype).block_q
+      assert pallas_tpu.vmem_bytes(size, size, head_dim, dtype) <= pallas_tpu.VMEM_BUDGET_BYTES
+  assert pallas_tpu.default_block_sizes(128, jnp.bfloat16) == BlockSizes(512, 512)
 
 
 def test_unsupported_use_is_refused_in_one_line():

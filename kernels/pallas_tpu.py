@@ -41,7 +41,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from . import row_term
-from .block_sizes import BlockSizes, first_key_block_in_window, heads_major, query_block_end_in_window
+from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major,
+                          query_block_end_in_window)
 
 # Powers of two that the (8, 128) tiling takes as a full last block dim. 64 and smaller pad to
 # 128 lanes inside the tiles (the MXU sees 128); lowering for TPU was checked on CPU for each.

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpcjax.kernels import BlockSizes, forgetting_attention, pallas_tpu, sharded_forgetting_attention
+from lpcjax.kernels import (BlockSizes, forgetting_attention, pallas_tpu,
+                            sharded_forgetting_attention)
 from lpcjax.kernels.reference import tile_logits
 
 from test_forgetting_attention import make_inputs, segments_from_starts, value_and_grads
@@ -123,7 +124,8 @@ def test_bfloat16_window_segments_and_pruning():
                          block_sizes=BlockSizes(block_q=64, block_k=128), **options)
   assert o.dtype == jnp.bfloat16
   np.testing.assert_allclose(up(o), o_ref, atol=2e-2)
-  for name, a, b, bound in zip(("dq", "dk", "dv", "dlog_fgate"), g, g_ref, (0.03, 0.03, 0.03, 1e-4)):
+  bounds = (0.03, 0.03, 0.03, 1e-4)
+  for name, a, b, bound in zip(("dq", "dk", "dv", "dlog_fgate"), g, g_ref, bounds):
     assert float(jnp.max(jnp.abs(up(a) - b))) <= bound * float(jnp.max(jnp.abs(b))), name
 
 
@@ -241,5 +243,5 @@ def test_unsupported_use_is_refused_in_one_line():
 def test_auto_picks_the_tpu_kernel_on_tpu(monkeypatch):
   from lpcjax.kernels import api
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-  assert api._resolve_impl("auto", 64) == "pallas_tpu" and api._resolve_impl("auto", 128) == "pallas_tpu"
+  assert api._resolve_impl("auto", 64) == api._resolve_impl("auto", 128) == "pallas_tpu"
   assert api._resolve_impl("auto", 48) == "xla"  # unsupported by the kernel: the blockwise op

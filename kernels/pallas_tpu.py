@@ -5,15 +5,17 @@ inputs the row term delta_i = sum_j P_ij dP_ij (row_term.py says why); dK/dV/dc,
 dc_j = -sum_i dS_ij is a column sum accumulated per key block; dQ. d log_fgate is then the
 reverse cumsum of dc, outside the kernels.
 
-TPU layout. Each kernel's grid is (batch, head, outer block, inner step): the outer block (a
-query block, or a key block for dK/dV) stays in VMEM while the innermost, "arbitrary" grid
-axis streams the blocks of the other side through it, accumulating in VMEM scratch. The
-blocks an outer block visits form one contiguous range [lo, hi): the causal diagonal bounds
-it, a sliding window bounds the other end, and pruning (pruning.py) moves an end inwards.
-``lo`` and ``hi`` per (batch, head, outer block) are computed in the wrapper and reach the
-kernels by scalar prefetch (SMEM), so the index maps themselves clamp the streamed block to
-the range: skipped tiles are never copied from HBM, their grid steps do nothing. Tiles that
-cross the diagonal or the window's edge are masked, the others compare segment ids only.
+TPU layout. Each kernel's grid is (batch, head, step): an outer block (a query block, or a
+key block for dK/dV) stays in VMEM while consecutive steps of the last, "arbitrary" grid axis
+stream the blocks of the other side through it, accumulating in VMEM scratch. The blocks an
+outer block visits form one contiguous range [lo, hi): the causal diagonal bounds it, a
+sliding window bounds the other end, and pruning (pruning.py) moves an end inwards. The steps
+are a schedule of the (outer, streamed) pairs within the causal and window bounds only, so no
+step is spent above the diagonal; it and the pruned ``lo``, ``hi`` per (batch, head, outer
+block), computed in the wrapper, reach the kernels by scalar prefetch (SMEM). The index maps
+clamp the streamed block into the pruned range: pruned tiles are never copied from HBM,
+their steps do nothing. Tiles that cross the diagonal or the window's edge are masked, the
+others compare segment ids only.
 
 Vectors indexed by position (c = cumsum log f, segment ids, lse, delta, dc) travel in the
 layout that the tile broadcasts them in, because Mosaic tiles the last two dims of a block by
@@ -115,7 +117,7 @@ def _leading_run(flags):
 
 def key_ranges(c, threshold, bq, bk, window):
   """Key blocks [lo, hi) that each query block visits (forward, row term, dQ): int32
-  [B, H, nq] each, and the largest hi - lo (the grid's inner extent, a Python int).
+  [B, H, nq] each, and the same before pruning, numpy [nq] each (the grid's schedule).
 
   hi is one past the block holding the query block's last row (causal); lo is the first block
   the window reaches, then moved right past the leading tiles that pruning may skip (the rule
@@ -128,7 +130,6 @@ def key_ranges(c, threshold, bq, bk, window):
   hi = (q_start + bq + bk - 1) // bk
   with jax.ensure_compile_time_eval():
     lo = _static(first_key_block_in_window(q_start, bk, window), hi)
-  extent = int(np.max(hi - lo))
   shape = (batch, heads, len(q_start))
   if threshold is None:
     lo_blocks = jnp.broadcast_to(jnp.asarray(lo, jnp.int32), shape)
@@ -136,20 +137,20 @@ def key_ranges(c, threshold, bq, bk, window):
     before = np.arange(seq_len // bk)[None, :] < lo[:, None]  # [nq, nk]: left of the window
     skip = _block_gaps(c, bq, bk) < threshold[:, :, None, None]
     lo_blocks = _leading_run(before | skip).astype(jnp.int32)
-  return lo_blocks, jnp.broadcast_to(jnp.asarray(hi, jnp.int32), shape), extent
+  return lo_blocks, jnp.broadcast_to(jnp.asarray(hi, jnp.int32), shape), lo, hi
 
 
 def query_ranges(c, threshold, bq, bk, window):
   """Query blocks [lo, hi) that each key block visits (dK/dV/dc): int32 [B, H, nk] each, and
-  the largest hi - lo. lo holds the key block's first column (causal), hi ends at the last
-  query block the window reaches, then moves left past the trailing tiles pruning may skip."""
+  the same before pruning, numpy [nk] each. lo holds the key block's first column (causal);
+  hi ends at the last query block the window reaches, then moves left past the trailing
+  tiles pruning may skip."""
   batch, heads, seq_len = c.shape
   num_q_blocks = seq_len // bq
   k_start = np.arange(seq_len // bk) * bk
   lo = k_start // bq
   with jax.ensure_compile_time_eval():
     hi = _static(query_block_end_in_window(k_start, bk, bq, num_q_blocks, window), lo)
-  extent = int(np.max(hi - lo))
   shape = (batch, heads, len(k_start))
   if threshold is None:
     hi_blocks = jnp.broadcast_to(jnp.asarray(hi, jnp.int32), shape)
@@ -157,7 +158,7 @@ def query_ranges(c, threshold, bq, bk, window):
     after = np.arange(num_q_blocks)[None, :] >= hi[:, None]  # [nk, nq]: below the window
     skip = jnp.swapaxes(_block_gaps(c, bq, bk), -1, -2) < threshold[:, :, None, None]
     hi_blocks = (num_q_blocks - _leading_run((after | skip)[..., ::-1])).astype(jnp.int32)
-  return jnp.broadcast_to(jnp.asarray(lo, jnp.int32), shape), hi_blocks, extent
+  return jnp.broadcast_to(jnp.asarray(lo, jnp.int32), shape), hi_blocks, lo, hi
 
 
 # ---------------------------------------------------------------------------- kernel pieces
@@ -196,18 +197,44 @@ def _positions(start, shape, axis):
   return start + lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
-def _sweep_step(lo_ref, hi_ref, *, heads, num_outer, extent, outer_block, inner_block,
-                outer_is_query, window, init, tile, finish):
-  """The grid step shared by every kernel, grid (batch, head, outer block, inner step).
+# The schedule packs each grid step's (outer block, streamed block, first, last) in one int32
+# (SMEM is small): outer << 16 | inner << 2 | last << 1 | first.
+_INDEX_BITS = 14
 
-  Initializes the scratch at the first inner step, runs ``tile(q_start, k_start, causal,
-  window)`` when the step's streamed block lies in the visit range (masked where it crosses
-  the diagonal or the window's edge) and writes the outputs at the last step.
+
+def schedule(lo, hi):
+  """The grid steps of one sweep, int32 numpy [steps]: for each outer block o in turn, the
+  streamed blocks lo[o] .. hi[o] - 1 (the visit ranges before pruning). Only those steps
+  exist: a grid of every (outer, inner) pair would spend a step (~0.35 us of pipeline
+  overhead each on a TPU) on every tile above the causal diagonal, half of them."""
+  counts = hi - lo
+  outer = np.repeat(np.arange(len(lo)), counts)
+  inner = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])
+  if max(len(lo), int(hi.max())) >= 1 << _INDEX_BITS:
+    raise ValueError(f"forgetting_attention: impl='pallas_tpu' takes at most "
+                     f"{(1 << _INDEX_BITS) - 1} blocks per sequence; use larger block sizes")
+  first = np.r_[True, outer[1:] != outer[:-1]]
+  last = np.r_[outer[1:] != outer[:-1], True]
+  return ((outer << 16) | (inner << 2) | (last.astype(int) << 1) | first).astype(np.int32)
+
+
+def _decode(entry):
+  """(outer block, streamed block, first step of the outer block, last step) of a step."""
+  return entry >> 16, (entry >> 2) & ((1 << _INDEX_BITS) - 1), (entry & 1) == 1, (entry & 2) == 2
+
+
+def _sweep_step(schedule_ref, lo_ref, hi_ref, *, heads, num_outer, outer_block, inner_block,
+                outer_is_query, window, init, tile, finish):
+  """The grid step shared by every kernel, grid (batch, head, step of the schedule).
+
+  Initializes the scratch at an outer block's first step, runs ``tile(q_start, k_start,
+  causal, window)`` when the step's streamed block lies in the (pruned) visit range, masked
+  where it crosses the diagonal or the window's edge, and writes the outputs at its last step.
   """
-  b, h, outer, step = (pl.program_id(axis) for axis in range(4))
+  b, h, step = (pl.program_id(axis) for axis in range(3))
+  outer, inner, first, last = _decode(schedule_ref[step])
   index = (b * heads + h) * num_outer + outer
-  inner = lo_ref[index] + step
-  live = inner < hi_ref[index]
+  live = (inner >= lo_ref[index]) & (inner < hi_ref[index])
   outer_start, inner_start = outer * outer_block, inner * inner_block
   q_start, k_start = (outer_start, inner_start) if outer_is_query else (inner_start, outer_start)
   bq, bk = (outer_block, inner_block) if outer_is_query else (inner_block, outer_block)
@@ -215,17 +242,18 @@ def _sweep_step(lo_ref, hi_ref, *, heads, num_outer, extent, outer_block, inner_
   if window is not None:
     crossing = crossing | (q_start + bq - 1 - k_start >= window)  # partly outside the band
 
-  pl.when(step == 0)(init)
+  pl.when(first)(init)
   pl.when(live & crossing)(lambda: tile(q_start, k_start, True, window))
   pl.when(live & jnp.logical_not(crossing))(lambda: tile(q_start, k_start, False, None))
-  pl.when(step == extent - 1)(finish)
+  pl.when(last)(finish)
 
 
 # -------------------------------------------------------------------------------- kernels
 # Ref names: *_col are [block, 128] lane-broadcast columns, *_row are [8, block] rows (read
 # [:, :1] and [:1, :]); the tile axes are (query, key) except in dK/dV, (key, query).
 
-def _forward_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row,
+def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row,
+                    sk_row,
                     o_ref, lse_col, m_sc, l_sc, acc_sc, *, scale, sweep):
   bq, bk = q_ref.shape[0], k_ref.shape[0]
 
@@ -253,7 +281,7 @@ def _forward_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row,
     o_ref[...] = (acc_sc[...] / l[:, :1]).astype(o_ref.dtype)
     lse_col[...] = m_sc[...] + jnp.log(l)
 
-  _sweep_step(lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
+  _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
 
 def _query_tile(q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row, do_ref, lse_col, q_start,
@@ -267,7 +295,8 @@ def _query_tile(q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row, do_ref, lse
   return p, _matmul(do_ref[...], v_ref[...], NT)
 
 
-def _row_term_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row, do_ref,
+def _row_term_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row,
+                     sk_row, do_ref,
                      lse_col, delta_col, delta_sc, *, scale, sweep):
   """delta_i = sum_j P_ij dP_ij over the dQ kernel's tiles (bf16/fp16 inputs; row_term.py)."""
   def init():
@@ -281,10 +310,11 @@ def _row_term_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row
   def finish():
     delta_col[...] = delta_sc[...]
 
-  _sweep_step(lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
+  _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
 
-def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row, do_ref,
+def _dq_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row,
+               do_ref,
                lse_col, delta_col, dq_ref, dq_sc, *, scale, sweep):
   def init():
     dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
@@ -299,10 +329,11 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_r
   def finish():
     dq_ref[...] = (dq_sc[...] * scale).astype(dq_ref.dtype)
 
-  _sweep_step(lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
+  _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
 
-def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, sq_row, ck_col, sk_col, do_ref,
+def _dkv_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, sq_row, ck_col, sk_col,
+                do_ref,
                 lse_row, delta_row, dk_ref, dv_ref, dc_col, dk_sc, dv_sc, dc_sc, *, scale, sweep):
   """dK, dV and dc_j = -sum_i dS_ij of one key block, on transposed tiles S^T [key, query]."""
   bq, bk = q_ref.shape[0], k_ref.shape[0]
@@ -327,7 +358,7 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, sq_row, ck_col, sk_
     dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
     dc_col[...] = dc_sc[...]
 
-  _sweep_step(lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
+  _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
 
 # ------------------------------------------------------------------------------ pallas_calls
@@ -348,44 +379,53 @@ def _interpret_mode(interpret):
 
 class _Sweep:
   """Block specs of one sweep: outer blocks of ``outer_block`` rows, streamed blocks of
-  ``inner_block`` from the visit ranges [lo, hi) (scalar prefetch operands 0 and 1)."""
+  ``inner_block`` over the steps of its schedule, within the visit ranges [lo, hi) (scalar
+  prefetch operands: the schedule, lo, hi)."""
 
   def __init__(self, ranges, outer_block, inner_block, head_dim, outer_is_query, window):
-    lo, hi, extent = ranges
+    lo, hi, static_lo, static_hi = ranges
     batch, heads, num_outer = lo.shape
-    self.prefetch = (lo.reshape(-1), hi.reshape(-1))
-    self.grid = (batch, heads, num_outer, extent)
+    steps = schedule(static_lo, static_hi)
+    self.prefetch = (jnp.asarray(steps), lo.reshape(-1), hi.reshape(-1))
+    self.grid = (batch, heads, len(steps))
     self.outer_block, self.inner_block, self.head_dim = outer_block, inner_block, head_dim
-    self.params = dict(heads=heads, num_outer=num_outer, extent=extent, outer_block=outer_block,
+    self.params = dict(heads=heads, num_outer=num_outer, outer_block=outer_block,
                        inner_block=inner_block, outer_is_query=outer_is_query, window=window)
 
-    def inner(b, h, o, step, lo_ref, hi_ref):  # the streamed block, clamped into the range:
-      index = (b * heads + h) * num_outer + o  # a step past hi re-uses the block, no copy
-      return jnp.minimum(lo_ref[index] + step, hi_ref[index] - 1)
-    self._inner = inner
+    def outer(step, schedule_ref):
+      return _decode(schedule_ref[step])[0]
+
+    def inner(b, h, step, schedule_ref, lo_ref, hi_ref):
+      # The streamed block, clamped into the pruned range: a pruned step fetches the block
+      # that the next (or last) live step reads, so no block is copied for nothing.
+      o, i = _decode(schedule_ref[step])[:2]
+      index = (b * heads + h) * num_outer + o
+      return jnp.minimum(jnp.maximum(i, lo_ref[index]), hi_ref[index] - 1)
+    self._outer, self._inner = outer, inner
 
   def outer(self, lanes=None):
     """An outer-side [B, H, T, D] block, or a column block with ``lanes``."""
     return pl.BlockSpec((None, None, self.outer_block, lanes or self.head_dim),
-                        lambda b, h, o, step, *_: (b, h, o, 0))
+                        lambda b, h, step, schedule_ref, *_: (b, h, self._outer(step, schedule_ref),
+                                                              0))
 
   def inner_seq(self):
     return pl.BlockSpec((None, None, self.inner_block, self.head_dim),
-                        lambda b, h, o, step, *refs: (b, h, self._inner(b, h, o, step, *refs), 0))
+                        lambda b, h, step, *refs: (b, h, self._inner(b, h, step, *refs), 0))
 
   def inner_row(self):
     return pl.BlockSpec((None, None, SUBLANES, self.inner_block),
-                        lambda b, h, o, step, *refs: (b, h, 0, self._inner(b, h, o, step, *refs)))
+                        lambda b, h, step, *refs: (b, h, 0, self._inner(b, h, step, *refs)))
 
   def call(self, kernel, in_specs, out_specs, out_shape, scratch, interpret, name, *args, **kw):
     return pl.pallas_call(
         functools.partial(kernel, sweep=self.params, **kw),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2, grid=self.grid, in_specs=in_specs, out_specs=out_specs,
+            num_scalar_prefetch=3, grid=self.grid, in_specs=in_specs, out_specs=out_specs,
             scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape in scratch]),
         out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=(_PARALLEL, _PARALLEL, _PARALLEL, _ARBITRARY)),
+            dimension_semantics=(_PARALLEL, _PARALLEL, _ARBITRARY)),
         interpret=_interpret_mode(interpret),
         name=name,
     )(*self.prefetch, *args)

@@ -65,11 +65,20 @@ def test_visit_ranges_skip_exactly_the_tiles_the_rules_skip(window):
   expected = visible & ~(gap < np.asarray(threshold)[..., None, None])  # [B, H, nq, nk]
   assert 0 < expected.sum() < visible.sum() * batch * heads
 
-  lo, hi, _ = pallas_tpu.key_ranges(c, threshold, bq, bk, window)
+  # The grid's schedule: exactly the causal, in-window tiles, each outer block's in a run.
+  _, _, static_lo, static_hi = pallas_tpu.key_ranges(c, None, bq, bk, window)
+  steps = pallas_tpu.schedule(static_lo, static_hi)
+  outer, inner, first, last = (np.asarray(x) for x in pallas_tpu._decode(jnp.asarray(steps)))
+  scheduled = np.zeros_like(visible)
+  scheduled[outer, inner] = True
+  assert len(steps) == visible.sum() and (scheduled == visible).all()
+  assert np.all(np.diff(outer) >= 0) and first.sum() == last.sum() == seq_len // bq
+
+  lo, hi, *_ = pallas_tpu.key_ranges(c, threshold, bq, bk, window)
   k_block = np.arange(seq_len // bk)
   kept = (k_block >= np.asarray(lo)[..., None]) & (k_block < np.asarray(hi)[..., None])
   np.testing.assert_array_equal(kept, expected)
-  lo, hi, _ = pallas_tpu.query_ranges(c, threshold, bq, bk, window)
+  lo, hi, *_ = pallas_tpu.query_ranges(c, threshold, bq, bk, window)
   q_block = np.arange(seq_len // bq)
   kept = (q_block >= np.asarray(lo)[..., None]) & (q_block < np.asarray(hi)[..., None])
   np.testing.assert_array_equal(kept, np.swapaxes(expected, -1, -2))

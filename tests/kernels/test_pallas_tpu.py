@@ -158,6 +158,20 @@ def test_tiles_outside_the_window_are_never_loaded():
   assert not finite(o, 0, ~query_rows)  # the control: the poisoned tiles are used elsewhere
 
 
+def test_pruned_tiles_are_never_loaded():
+  """NaN values in key block 0 reach the query blocks next to it, but not those whose decay
+  since then prunes the tile (forward; the gradients' pruning is the same ranges' business)."""
+  block, seq_len = 128, 512
+  q, k, v, _, _ = make_inputs(15, 1, seq_len, 1, 16)
+  q, k = 0.1 * q, 0.1 * k  # small norms: a loose bound, so the decay alone decides
+  log_f = jnp.full(q.shape[:3], -0.12, jnp.float32)
+  v = v.at[:, :block].set(jnp.nan)
+  o = forgetting_attention(q, k, v, log_f, impl="pallas_tpu", interpret=True, prune_epsilon=1e-2,
+                           block_sizes=BlockSizes(block, block))
+  finite = np.isfinite(np.asarray(o[0, :, 0])).all(axis=-1)
+  assert not finite[block:2 * block].any() and finite[3 * block:].all()
+
+
 # ---------------------------------------------------------------------- lowering for TPU
 
 @pytest.fixture

@@ -392,7 +392,7 @@ class _Sweep:
     self.params = dict(heads=heads, num_outer=num_outer, outer_block=outer_block,
                        inner_block=inner_block, outer_is_query=outer_is_query, window=window)
 
-    def outer(step, schedule_ref):
+    def outer(step, schedule_ref, *_):
       return _decode(schedule_ref[step])[0]
 
     def inner(b, h, step, schedule_ref, lo_ref, hi_ref):
@@ -406,8 +406,7 @@ class _Sweep:
   def outer(self, lanes=None):
     """An outer-side [B, H, T, D] block, or a column block with ``lanes``."""
     return pl.BlockSpec((None, None, self.outer_block, lanes or self.head_dim),
-                        lambda b, h, step, schedule_ref, *_: (b, h, self._outer(step, schedule_ref),
-                                                              0))
+                        lambda b, h, step, *refs: (b, h, self._outer(step, *refs), 0))
 
   def inner_seq(self):
     return pl.BlockSpec((None, None, self.inner_block, self.head_dim),

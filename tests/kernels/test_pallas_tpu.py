@@ -20,7 +20,7 @@ from lpcjax.kernels import (BlockSizes, forgetting_attention, pallas_tpu,
                             sharded_forgetting_attention)
 from lpcjax.kernels.reference import tile_logits
 
-from test_forgetting_attention import make_inputs, segments_from_starts, value_and_grads
+from test_forgetting_attention import INTERPRET, make_inputs, segments_from_starts, value_and_grads
 
 
 def test_tile_logits_2d_is_the_reference_formula():
@@ -166,8 +166,8 @@ def test_pruned_tiles_are_never_loaded():
   q, k = 0.1 * q, 0.1 * k  # small norms: a loose bound, so the decay alone decides
   log_f = jnp.full(q.shape[:3], -0.12, jnp.float32)
   v = v.at[:, :block].set(jnp.nan)
-  o = forgetting_attention(q, k, v, log_f, impl="pallas_tpu", interpret=True, prune_epsilon=1e-2,
-                           block_sizes=BlockSizes(block, block))
+  o = forgetting_attention(q, k, v, log_f, impl="pallas_tpu", interpret=INTERPRET["pallas_tpu"],
+                           prune_epsilon=1e-2, block_sizes=BlockSizes(block, block))
   finite = np.isfinite(np.asarray(o[0, :, 0])).all(axis=-1)
   assert not finite[block:2 * block].any() and finite[3 * block:].all()
 

@@ -223,8 +223,14 @@ def _decode(entry):
   return entry >> 16, (entry >> 2) & ((1 << _INDEX_BITS) - 1), (entry & 1) == 1, (entry & 2) == 2
 
 
-def _sweep_step(schedule_ref, lo_ref, hi_ref, *, heads, num_outer, outer_block, inner_block,
-                outer_is_query, window, init, tile, finish):
+def _range_index(b, h, outer, heads, num_outer, per_head):
+  """Where the visit range of an outer block sits in the lo/hi tables: per (batch, head)
+  when pruning moved them, else per outer block only (SMEM is small)."""
+  return (b * heads + h) * num_outer + outer if per_head else outer
+
+
+def _sweep_step(schedule_ref, lo_ref, hi_ref, *, heads, num_outer, per_head, outer_block,
+                inner_block, outer_is_query, window, init, tile, finish):
   """The grid step shared by every kernel, grid (batch, head, step of the schedule).
 
   Initializes the scratch at an outer block's first step, runs ``tile(q_start, k_start,
@@ -233,7 +239,7 @@ def _sweep_step(schedule_ref, lo_ref, hi_ref, *, heads, num_outer, outer_block, 
   """
   b, h, step = (pl.program_id(axis) for axis in range(3))
   outer, inner, first, last = _decode(schedule_ref[step])
-  index = (b * heads + h) * num_outer + outer
+  index = _range_index(b, h, outer, heads, num_outer, per_head)
   live = (inner >= lo_ref[index]) & (inner < hi_ref[index])
   outer_start, inner_start = outer * outer_block, inner * inner_block
   q_start, k_start = (outer_start, inner_start) if outer_is_query else (inner_start, outer_start)
@@ -382,15 +388,19 @@ class _Sweep:
   ``inner_block`` over the steps of its schedule, within the visit ranges [lo, hi) (scalar
   prefetch operands: the schedule, lo, hi)."""
 
-  def __init__(self, ranges, outer_block, inner_block, head_dim, outer_is_query, window):
+  def __init__(self, ranges, outer_block, inner_block, head_dim, outer_is_query, window,
+               pruned):
     lo, hi, static_lo, static_hi = ranges
     batch, heads, num_outer = lo.shape
     steps = schedule(static_lo, static_hi)
+    if not pruned:  # the ranges are the same in every (batch, head)
+      lo, hi = (jnp.asarray(x, jnp.int32) for x in (static_lo, static_hi))
     self.prefetch = (jnp.asarray(steps), lo.reshape(-1), hi.reshape(-1))
     self.grid = (batch, heads, len(steps))
     self.outer_block, self.inner_block, self.head_dim = outer_block, inner_block, head_dim
-    self.params = dict(heads=heads, num_outer=num_outer, outer_block=outer_block,
-                       inner_block=inner_block, outer_is_query=outer_is_query, window=window)
+    self.params = dict(heads=heads, num_outer=num_outer, per_head=pruned,
+                       outer_block=outer_block, inner_block=inner_block,
+                       outer_is_query=outer_is_query, window=window)
 
     def outer(step, schedule_ref, *_):
       return _decode(schedule_ref[step])[0]
@@ -399,7 +409,7 @@ class _Sweep:
       # The streamed block, clamped into the pruned range: a pruned step fetches the block
       # that the next (or last) live step reads, so no block is copied for nothing.
       o, i = _decode(schedule_ref[step])[:2]
-      index = (b * heads + h) * num_outer + o
+      index = _range_index(b, h, o, heads, num_outer, pruned)
       return jnp.minimum(jnp.maximum(i, lo_ref[index]), hi_ref[index] - 1)
     self._outer, self._inner = outer, inner
 
@@ -438,7 +448,8 @@ def _forward(q, k, v, c, seg, threshold, sm_scale, sizes, interpret, window):
   """o [B, H, T, D] in q.dtype and lse [B, H, T] float32."""
   batch, heads, seq_len, head_dim = q.shape
   bq, bk = sizes.block_q, sizes.block_k
-  sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window)
+  sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
+                 threshold is not None)
   o, lse = sweep.call(
       _forward_kernel,
       [sweep.outer(), sweep.inner_seq(), sweep.inner_seq(), sweep.outer(LANES),
@@ -461,7 +472,8 @@ def _row_term(q, k, v, c, seg, threshold, do, lse, sm_scale, sizes, interpret, w
   """delta [B, H, T] float32 recomputed from the tiles, over the dQ kernel's grid and tiles."""
   batch, heads, seq_len, head_dim = q.shape
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
-  sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window)
+  sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
+                 threshold is not None)
   delta = sweep.call(
       _row_term_kernel, _query_sweep_inputs(sweep)[:-1], sweep.outer(LANES),
       _f32((batch, heads, seq_len, LANES)), [(bq, LANES)], interpret,
@@ -475,7 +487,8 @@ def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, inter
   batch, heads, seq_len, head_dim = q.shape
 
   bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
-  sweep = _Sweep(query_ranges(c, threshold, bq, bk, window), bk, bq, head_dim, False, window)
+  sweep = _Sweep(query_ranges(c, threshold, bq, bk, window), bk, bq, head_dim, False, window,
+                 threshold is not None)
   col, row = sweep.outer(LANES), sweep.inner_row()
   dk, dv, dc = sweep.call(
       _dkv_kernel,
@@ -489,7 +502,8 @@ def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, inter
       scale=sm_scale)
 
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
-  sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window)
+  sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
+                 threshold is not None)
   dq = sweep.call(
       _dq_kernel, _query_sweep_inputs(sweep), sweep.outer(), jax.ShapeDtypeStruct(q.shape, q.dtype),
       [(bq, head_dim)], interpret, "forgetting_attention_tpu_dq",

@@ -11,8 +11,9 @@ stream the blocks of the other side through it, accumulating in VMEM scratch. Th
 outer block visits form one contiguous range [lo, hi): the causal diagonal bounds it, a
 sliding window bounds the other end, and pruning (pruning.py) moves an end inwards. The steps
 are a schedule of the (outer, streamed) pairs within the causal and window bounds only, so no
-step is spent above the diagonal; it and the pruned ``lo``, ``hi`` per (batch, head, outer
-block), computed in the wrapper, reach the kernels by scalar prefetch (SMEM). The index maps
+step is spent above the diagonal; it and the ranges ``lo``, ``hi`` (per outer block, or per
+(batch, head, outer block) once pruning moved them), computed in the wrapper, reach the
+kernels by scalar prefetch (SMEM). The index maps
 clamp the streamed block into the pruned range: pruned tiles are never copied from HBM,
 their steps do nothing. Tiles that cross the diagonal or the window's edge are masked, the
 others compare segment ids only.
@@ -259,8 +260,7 @@ def _sweep_step(schedule_ref, lo_ref, hi_ref, *, heads, num_outer, per_head, out
 # [:, :1] and [:1, :]); the tile axes are (query, key) except in dK/dV, (key, query).
 
 def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row,
-                    sk_row,
-                    o_ref, lse_col, m_sc, l_sc, acc_sc, *, scale, sweep):
+                    sk_row, o_ref, lse_col, m_sc, l_sc, acc_sc, *, scale, sweep):
   bq, bk = q_ref.shape[0], k_ref.shape[0]
 
   def init():
@@ -302,8 +302,7 @@ def _query_tile(q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row, do_ref, lse
 
 
 def _row_term_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row,
-                     sk_row, do_ref,
-                     lse_col, delta_col, delta_sc, *, scale, sweep):
+                     sk_row, do_ref, lse_col, delta_col, delta_sc, *, scale, sweep):
   """delta_i = sum_j P_ij dP_ij over the dQ kernel's tiles (bf16/fp16 inputs; row_term.py)."""
   def init():
     delta_sc[...] = jnp.zeros(delta_sc.shape, jnp.float32)
@@ -320,8 +319,7 @@ def _row_term_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, 
 
 
 def _dq_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row,
-               do_ref,
-               lse_col, delta_col, dq_ref, dq_sc, *, scale, sweep):
+               do_ref, lse_col, delta_col, dq_ref, dq_sc, *, scale, sweep):
   def init():
     dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
 
@@ -339,8 +337,8 @@ def _dq_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col
 
 
 def _dkv_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, sq_row, ck_col, sk_col,
-                do_ref,
-                lse_row, delta_row, dk_ref, dv_ref, dc_col, dk_sc, dv_sc, dc_sc, *, scale, sweep):
+                do_ref, lse_row, delta_row, dk_ref, dv_ref, dc_col, dk_sc, dv_sc, dc_sc, *, scale,
+                sweep):
   """dK, dV and dc_j = -sum_i dS_ij of one key block, on transposed tiles S^T [key, query]."""
   bq, bk = q_ref.shape[0], k_ref.shape[0]
 

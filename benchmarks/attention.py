@@ -9,9 +9,12 @@ Candidates: lpcjax pallas / xla / reference backends; ``dot_product_attention_bi
 jax.nn.dot_product_attention with the decay bias materialized as a [B, H, T, T] array (cuDNN
 where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal flash attention without any bias
 and with lpcjax's tiles where it allows them, its own warps and stages (the cost floor the
-forget gate is measured against). GPU-only candidates are skipped on CPU.
+forget gate is measured against). On TPU: ``pallas_tpu`` (lpcjax's Mosaic kernels) and
+``pallas_tpu_flash_nobias``, JAX's Pallas TPU causal flash attention without a bias, the floor
+there. Candidates for another platform are skipped (docs/kernels_tpu.md).
 
   python benchmarks/attention.py                       # GPU: T = 1k..32k, D = 64, 128, bf16
+  python benchmarks/attention.py --impls pallas_tpu pallas_tpu_flash_nobias xla   # on a TPU
   python benchmarks/attention.py --seq-lens 256 512 --head-dims 64 --batch-tokens 1024 --dtype float32
 """
 
@@ -65,12 +68,25 @@ def pallas_mha_nobias(q, k, v, log_f):
                               block_sizes=tiles)
 
 
+def pallas_tpu_flash_nobias(q, k, v, log_f):
+  """JAX's Pallas TPU flash attention, causal, no bias, its default tiles ([B, H, T, D])."""
+  del log_f
+  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+  heads_major = lambda x: jnp.swapaxes(x, 1, 2)
+  o = tpu_flash.flash_attention(heads_major(q), heads_major(k), heads_major(v), causal=True,
+                                sm_scale=q.shape[-1] ** -0.5)
+  return heads_major(o)
+
+
+# name -> (function, the platform it needs or None)
 CANDIDATES = {
-    "pallas": (lpcjax_candidate("pallas"), True),
-    "xla": (lpcjax_candidate("xla"), False),
-    "reference": (lpcjax_candidate("reference"), False),
-    "dot_product_attention_bias": (dot_product_attention_bias, False),
-    "pallas_mha_nobias": (pallas_mha_nobias, True),
+    "pallas": (lpcjax_candidate("pallas"), "gpu"),
+    "pallas_tpu": (lpcjax_candidate("pallas_tpu"), "tpu"),
+    "xla": (lpcjax_candidate("xla"), None),
+    "reference": (lpcjax_candidate("reference"), None),
+    "dot_product_attention_bias": (dot_product_attention_bias, None),
+    "pallas_mha_nobias": (pallas_mha_nobias, "gpu"),
+    "pallas_tpu_flash_nobias": (pallas_tpu_flash_nobias, "tpu"),
 }
 
 
@@ -85,9 +101,9 @@ def time_call(fn, args, iters):
 
 
 def measure(name, batch, heads, seq_len, head_dim, dtype, iters):
-  attend, gpu_only = CANDIDATES[name]
-  if gpu_only and jax.default_backend() != "gpu":
-    return {"skipped": "needs a GPU"}
+  attend, platform = CANDIDATES[name]
+  if platform is not None and jax.default_backend() != platform:
+    return {"skipped": f"needs a {platform.upper()}"}
   if name in ("reference", "dot_product_attention_bias") and 4 * batch * heads * seq_len**2 > REFERENCE_LIMIT_BYTES:
     return {"skipped": "the materialized [T, T] array does not fit"}
   rng = np.random.default_rng(0)

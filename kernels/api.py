@@ -29,6 +29,7 @@ from jax.experimental import checkify
 
 from .pruning import skip_threshold
 from .pallas_gpu import SUPPORTED_HEAD_DIMS, on_gpu, pallas_attention
+from . import pallas_tpu
 from .reference import reference_attention
 from .segments import segment_starts
 from .xla_blockwise import xla_attention
@@ -39,6 +40,7 @@ _BACKENDS = {
     "reference": (reference_attention, None),
     "xla": (xla_attention, None),
     "pallas": (pallas_attention, SUPPORTED_HEAD_DIMS),
+    "pallas_tpu": (pallas_tpu.pallas_tpu_attention, pallas_tpu.SUPPORTED_HEAD_DIMS),
 }
 
 
@@ -57,6 +59,8 @@ def _resolve_impl(impl, head_dim):
   if impl == "auto":
     if on_gpu() and "pallas" in _BACKENDS and head_dim in (_BACKENDS["pallas"][1] or (head_dim,)):
       return "pallas"
+    if pallas_tpu.on_tpu() and head_dim in _BACKENDS["pallas_tpu"][1]:
+      return "pallas_tpu"
     return "xla"
   if impl not in _BACKENDS:
     raise ValueError(f"forgetting_attention: unknown impl {impl!r}; choose one of {available_impls()}")
@@ -137,7 +141,8 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
     segment_ids: optional [batch, seq] ints; no attention and no decay across a change of id.
     sm_scale: logit scale, default 1 / sqrt(head_dim).
     impl: "reference" (materialized, O(T^2), ground truth), "xla" (blockwise, O(T) memory),
-      "pallas"/"triton" when registered, or "auto" (the GPU kernel on GPU, else "xla").
+      "pallas"/"triton" when registered, "pallas_tpu" (docs/kernels_tpu.md), or "auto" (the
+      GPU kernel on GPU, the TPU kernel on TPU, else "xla").
     block_sizes: ``BlockSizes`` for the blockwise backends (default: each backend's own).
     interpret: run Pallas kernels in interpret mode (CPU testing).
     prune_epsilon: skip tiles whose decay bounds their total softmax weight per row below this

@@ -11,9 +11,14 @@ from jax.experimental import checkify
 from lpcjax.kernels import BlockSizes, available_impls, forgetting_attention
 
 BACKENDS = [impl for impl in available_impls() if impl not in ("auto", "reference")
-            and (impl != "triton")]  # triton (if registered) runs only on GPU
+            and (impl != "triton")  # triton (if registered) runs only on GPU
+            and impl != "pallas_tpu"]  # see WITH_TPU
+# The TPU kernel streams tiles >= 128 wide (the TPU's lanes), so most shapes here fit it in one
+# tile, and each interpreted compile takes seconds: it joins the tests whose point does not
+# depend on the tiling; tests/kernels/test_pallas_tpu.py runs it at TPU-sized tiles.
+WITH_TPU = BACKENDS + ["pallas_tpu"]
 # Pallas kernels run compiled on a GPU and interpreted elsewhere (CI).
-INTERPRET = {"pallas": jax.default_backend() != "gpu"}
+INTERPRET = {"pallas": jax.default_backend() != "gpu", "pallas_tpu": jax.default_backend() != "tpu"}
 
 
 def make_inputs(seed, batch, seq_len, heads, head_dim, gates="random", dtype=jnp.float32):
@@ -117,7 +122,7 @@ def test_backend_with_unequal_tiles(impl, sizes):
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("impl", BACKENDS)
+@pytest.mark.parametrize("impl", WITH_TPU)
 def test_backend_bfloat16_within_documented_tolerance(impl):
   """bf16 q/k/v: outputs within 2e-2 and dq, dk, dv within 3% (relative to their max) of the
   float32 reference on the same (rounded) inputs; d log f within 1e-4, because the backward
@@ -227,7 +232,7 @@ def test_backend_with_window_matches_reference(impl, seq_len, window, sizes, sta
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("impl", BACKENDS)
+@pytest.mark.parametrize("impl", WITH_TPU)
 @pytest.mark.parametrize("window,prune_epsilon", [(None, None), (8, 1e-6)], ids=["full", "window-pruned"])
 def test_backend_under_x64_matches_reference(x64, impl, window, prune_epsilon):
   """float32 inputs and int64 segment ids (numpy's default) under jax_enable_x64 (the ``x64``

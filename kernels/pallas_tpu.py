@@ -44,6 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from . import row_term
+from .vjp import BackendKernels, differentiable
 from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major,
                           query_block_end_in_window)
 
@@ -510,35 +511,10 @@ def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, inter
   return dq, dk, dv, dc[..., 0]
 
 
-# ------------------------------------------------------------------------------ custom_vjp
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _attention(q, k, v, log_fgate, seg, threshold, sm_scale, sizes, interpret, window):
-  return _attention_fwd(q, k, v, log_fgate, seg, threshold, sm_scale, sizes, interpret,
-                        window)[0]
-
-
-def _attention_fwd(q, k, v, log_fgate, seg, threshold, sm_scale, sizes, interpret, window):
-  c = jnp.cumsum(log_fgate, axis=-1)
-  o, lse = _forward(q, k, v, c, seg, threshold, sm_scale, sizes, interpret, window)
-  kept = None if row_term.recomputes(q.dtype) else o  # o is a residual only where delta reads it
-  return o, (q, k, v, log_fgate, seg, threshold, kept, lse)
-
-
-def _attention_bwd(sm_scale, sizes, interpret, window, residuals, do):
-  q, k, v, log_fgate, seg, threshold, o, lse = residuals
-  c, do = jnp.cumsum(log_fgate, axis=-1), do.astype(q.dtype)
-  if o is None:  # bf16/fp16: recomputed from the tiles, see row_term.py
-    delta = _row_term(q, k, v, c, seg, threshold, do, lse, sm_scale, sizes, interpret, window)
-  else:
-    delta = row_term.from_output(o, do)
-  dq, dk, dv, dc = _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes,
-                             interpret, window)
-  # The threshold only picks the tiles to skip: piecewise constant, zero gradient.
-  return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None, None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
+# static = (sm_scale, sizes, interpret, window); the custom_vjp is the one in vjp.py
+_attention = differentiable(BackendKernels(
+    cumsum=lambda log_fgate: jnp.cumsum(log_fgate, axis=-1), forward=_forward, row_term=_row_term,
+    row_term_from_output=row_term.from_output, backward=_backward, seq_axis=2))
 
 
 def pallas_tpu_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None,
@@ -560,5 +536,5 @@ def pallas_tpu_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=
   padded_len = -(-seq_len // sizes.largest) * sizes.largest
   # Padded keys lie right of every real query, so the causal mask already hides them.
   o = _attention(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
-                 prune_threshold, float(sm_scale), sizes, interpret, window)
+                 prune_threshold, (float(sm_scale), sizes, interpret, window))
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]

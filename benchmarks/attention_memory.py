@@ -33,7 +33,8 @@ def main():
   parser.add_argument("--heads", type=int, default=1)
   parser.add_argument("--head-dim", type=int, default=64)
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/attention_memory_<backend>.json)")
+  parser.add_argument("--out", default=None,
+                      help="JSON path (default benchmarks/results/attention_memory_<backend>.json)")
   args = parser.parse_args()
 
   rows = []

@@ -63,7 +63,8 @@ def main():
   args = parser.parse_args()
 
   rows = []
-  print(f"{'family':>12} {'prompt':>7} {'cached tok/s':>13} {'recompute tok/s':>16} {'speed-up':>9} {'cache B/token':>14}")
+  print(f"{'family':>12} {'prompt':>7} {'cached tok/s':>13} {'recompute tok/s':>16} {'speed-up':>9} "
+        f"{'cache B/token':>14}")
   for name in args.families:
     family = models.get(name)
     config = family.config_cls(**SIZES)

@@ -125,9 +125,10 @@ def patch_official(torch, fox_modeling, transformer_modeling):
   layernorm.GroupNorm.forward = lambda self, x, residual=None, prenorm=False, residual_in_fp32=False: \
       layernorm.group_norm_ref(x, self.weight, self.bias, self.num_groups, residual=residual, eps=self.eps,
                                is_rms_norm=self.is_rms_norm, prenorm=prenorm, upcast=True)
-  fuse_norm_gate.FusedGroupNormGated.forward = lambda self, x, g, residual=None, prenorm=False, residual_in_fp32=False: \
-      fuse_norm_gate.group_norm_gated_ref(x, g, self.weight, self.bias, self.num_groups, residual=residual,
-                                          eps=self.eps, is_rms_norm=self.is_rms_norm, prenorm=prenorm, upcast=True)
+  fuse_norm_gate.FusedGroupNormGated.forward = lambda self, x, g, residual=None, prenorm=False, \
+      residual_in_fp32=False: fuse_norm_gate.group_norm_gated_ref(
+          x, g, self.weight, self.bias, self.num_groups, residual=residual, eps=self.eps,
+          is_rms_norm=self.is_rms_norm, prenorm=prenorm, upcast=True)
   FlaRMSNorm.forward = lambda self, x, residual=None, prenorm=False, residual_in_fp32=False: \
       fla_layernorm.rms_norm_ref(x, self.weight, self.bias, residual=residual, eps=self.eps, prenorm=prenorm,
                                  upcast=True)
@@ -195,7 +196,8 @@ def main(argv=None):
   parser.add_argument("--seq-len", type=int, default=67)
   parser.add_argument("--batch", type=int, default=2)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/official_fox_equivalence_cpu.json)")
+  parser.add_argument("--out", default=None,
+                      help="JSON path (default benchmarks/results/official_fox_equivalence_cpu.json)")
   args = parser.parse_args(argv)
 
   warnings.filterwarnings("ignore")

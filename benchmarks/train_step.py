@@ -84,7 +84,8 @@ def main():
 
   tokens = cfg.batch_size * cfg.seq_len
   rows = []
-  print(f"device: {device}  jax {jax.__version__}  batch {cfg.batch_size} x {cfg.seq_len}  ({args.config} {' '.join(args.set)})")
+  print(f"device: {device}  jax {jax.__version__}  batch {cfg.batch_size} x {cfg.seq_len}  "
+        f"({args.config} {' '.join(args.set)})")
   print(f"{'family':>12} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>9} {'MFU':>6}")
   for family, entry in candidates.items():
     step_s = statistics.median(entry["times"])

@@ -207,7 +207,8 @@ class ForgettingAttention(nn.Module):
 # A layer's cache: k, v [batch, max_len, heads, head_dim] (after KV-shift, QK-norm and RoPE), with
 # a forget gate c [batch, max_len, heads] float32 = cumsum of log f over the row (c_i - c_j is
 # the decay between two positions of one segment; without a gate it is 0 and not stored), and
-# with KV-shift the last unshifted k, v [batch, heads, head_dim]. The model's ``context`` gives each row's ``lengths`` (prefill: the prompt length;
+# with KV-shift the last unshifted k, v [batch, heads, head_dim]. The model's ``context`` gives
+# each row's ``lengths`` (prefill: the prompt length;
 # decoding: the new token's position), ``rope_start`` and ``segments`` [batch, max_len].
 
 CACHE_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")

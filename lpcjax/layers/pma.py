@@ -29,8 +29,9 @@ head × copy bias, scaled by 1/√(number of copies), RMS-normalized, times γ; 
 masked-mean skip through the SkipGate: s + σ(θ_s) ã. The block adds fused − x_in to its residual
 stream, so the SkipGate gates the aggregator's term (the paper's wording) while the mean of the
 copies enters ungated (the later code gated the whole window update instead). The 1/√count
-scaling before the RMSNorm changes nothing but the norm's ε; it is kept as the paper states it. Copy o of a position comes from the o-th
-latest window containing it (o = 0: the window in which it has the least context). Tokens after
+scaling before the RMSNorm changes nothing but the norm's ε; it is kept as the paper states it.
+Copy o of a position comes from the o-th latest window containing it (o = 0: the window in
+which it has the least context). Tokens after
 the last window (when S does not divide K − W) are in no window: their PMA update is zero.
 
 The encoder is not causal: the memories are written bidirectionally within a window and a
@@ -310,7 +311,8 @@ class PMABlock(nn.Module):
   def _vectorized(self, x_in, valid, cur, start, stateless, train):
     batch, k, _ = x_in.shape
     n = num_windows(k, self.window, self.stride)
-    tokens, token_valid = window_tokens(x_in, self.window, self.stride, n), window_tokens(valid, self.window, self.stride, n)
+    tokens = window_tokens(x_in, self.window, self.stride, n)
+    token_valid = window_tokens(valid, self.window, self.stride, n)
     positions = jnp.asarray(window_tokens(np.arange(k)[None], self.window, self.stride, n)[0])
     if stateless:
       prev = jnp.broadcast_to(start[:, None], cur.shape)

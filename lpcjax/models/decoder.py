@@ -31,7 +31,8 @@ class DecoderBlock(nn.Module):
     cfg = self.config
     norm = lambda name: RMSNorm(eps=cfg.norm_eps, dtype=dtype_of(cfg.dtype),
                                 param_dtype=dtype_of(cfg.param_dtype), name=name)
-    attended = ForgettingAttention(cfg.attention_config(), name="attn")(norm("attn_norm")(x), segment_ids, cache, context)
+    attention = ForgettingAttention(cfg.attention_config(), name="attn")
+    attended = attention(norm("attn_norm")(x), segment_ids, cache, context)
     if cache is not None:
       attended, cache = attended
     x = x + attended

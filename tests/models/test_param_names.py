@@ -70,5 +70,6 @@ def test_lpcsm_attention_and_mlp_param_trees_are_unchanged():
   config = LPCSMConfig(**SMALL, attention_window=4, chunk_size=4, memory_dim=8, forget_gate="data_dependent")
   tree = param_tree("lpcsm", config)
   attention_and_mlp = {k: v for k, v in tree.items() if k.startswith(("layers/attn/", "layers/mlp/"))}
-  expected = {k: v for k, v in {**LLAMA, **DATA_DEPENDENT_GATE}.items() if k.startswith(("layers/attn/", "layers/mlp/"))}
+  expected = {k: v for k, v in {**LLAMA, **DATA_DEPENDENT_GATE}.items()
+              if k.startswith(("layers/attn/", "layers/mlp/"))}
   assert attention_and_mlp == expected

@@ -159,7 +159,8 @@ def test_evaluation_loss_ignores_padding_examples():
   model = PMT(config)
   variables = jax.jit(model.init)(jax.random.PRNGKey(0), x[:1])
   mutable = {"batch_stats": variables["batch_stats"]}
-  evaluate = jax.jit(lambda x: pmt_loss(model.apply, variables["params"], {"x": x, "valid": jnp.asarray([1., 1., 1., 0.])},
+  valid = jnp.asarray([1., 1., 1., 0.])
+  evaluate = jax.jit(lambda x: pmt_loss(model.apply, variables["params"], {"x": x, "valid": valid},
                                         rng=jax.random.PRNGKey(2), step=0, mutable=mutable, train=False))
   value, metrics, _ = evaluate(jnp.asarray(x))
   other_padding = x.copy()

@@ -31,6 +31,7 @@ from .pruning import skip_threshold
 from .pallas_gpu import SUPPORTED_HEAD_DIMS, on_gpu, pallas_attention
 from .reference import reference_attention
 from .segments import segment_starts
+from .triton_backend import triton_attention
 from .xla_blockwise import xla_attention
 
 
@@ -39,6 +40,7 @@ _BACKENDS = {
     "reference": (reference_attention, None),
     "xla": (xla_attention, None),
     "pallas": (pallas_attention, SUPPORTED_HEAD_DIMS),
+    "triton": (triton_attention, SUPPORTED_HEAD_DIMS),  # jax-triton: Python >= 3.12, GPU only
 }
 
 

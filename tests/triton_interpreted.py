@@ -11,7 +11,7 @@ first imported (its own library functions, tl.max or tl.sum, are decorated then)
 test process triton may already be imported, compiled, for other tests (tests/convert's fla
 peer). The worker imports triton with the variable set and touches nothing else.
 
-  python tests/kernels/triton_interpreted.py --worker   # what the launcher starts (stdin/stdout)
+  python tests/triton_interpreted.py --worker KERNELS_PY   # what the launcher starts
 """
 
 import atexit
@@ -20,10 +20,17 @@ import pickle
 import struct
 import subprocess
 import sys
+import threading
 
 import numpy as np
 
-KERNELS = os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "triton_kernels.py")
+
+
+def _kernels_path():
+  """kernels/triton_kernels.py as installed (lpcjax.kernels maps to the folder kernels/)."""
+  import importlib.util
+  folder = importlib.util.find_spec("lpcjax.kernels").submodule_search_locations[0]
+  return os.path.join(folder, "triton_kernels.py")
 
 
 def _send(stream, obj):
@@ -49,26 +56,38 @@ def _pack(array):
 
 # ------------------------------------------------------------------------------ worker process
 
-def _bf16_dot_in_float32():
-  """Triton 3.9's interpreter multiplies bfloat16 tiles as their raw uint16 bits (it stores
-  bf16 as uint16 and hands those to np.matmul). Widen them to float32 first: bf16 x bf16
-  products are exact there, accumulated in float32 as the tensor cores do."""
+def _bf16_as_on_a_gpu():
+  """Two bfloat16 shortcuts of Triton 3.9's interpreter, undone: it multiplies bf16 tiles as
+  their raw uint16 bits (it stores bf16 as uint16 and hands those to np.matmul), and it rounds
+  float32 -> bf16 toward zero, where the GPU rounds to nearest even (Triton's default). The
+  dot widens bf16 to float32 instead (bf16 x bf16 products are exact there, accumulated in
+  float32 as on the tensor cores), and the cast rounds to nearest even."""
   import triton.language as tl
   from triton.runtime import interpreter
-  create_dot = interpreter.InterpreterBuilder.create_dot
+  builder = interpreter.InterpreterBuilder
+  create_dot, cast_impl = builder.create_dot, builder.cast_impl
   widen = lambda h: (interpreter.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32),
                                               tl.float32) if h.dtype == tl.bfloat16 else h)
 
   def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-  interpreter.InterpreterBuilder.create_dot = dot
+
+  def cast(self, src, dst_type):
+    if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+      return cast_impl(self, src, dst_type)
+    bits = np.ascontiguousarray(src.data, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded = np.where(np.isnan(src.data), np.uint16(0x7FC0), rounded)
+    return interpreter.TensorHandle(rounded, tl.bfloat16)
+
+  builder.create_dot, builder.cast_impl = dot, cast
 
 
-def _worker():
+def _worker(path):
   import importlib.util
   import torch
-  _bf16_dot_in_float32()
-  spec = importlib.util.spec_from_file_location("triton_kernels", KERNELS)
+  _bf16_as_on_a_gpu()
+  spec = importlib.util.spec_from_file_location("triton_kernels", path)
   kernels = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(kernels)
   to_torch = lambda name, a: (torch.from_numpy(a).view(torch.bfloat16) if name == "bfloat16"
@@ -92,13 +111,15 @@ def _worker():
 # ------------------------------------------------------------------------------- test process
 
 _PROCESS = None
+_LOCK = threading.Lock()  # under shard_map each device's callback runs on its own thread
 
 
 def _process():
   global _PROCESS
   if _PROCESS is None or _PROCESS.poll() is not None:
     env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu")
-    _PROCESS = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"],
+    _PROCESS = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker",
+                                 _kernels_path()],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     atexit.register(_stop, _PROCESS)
   return _PROCESS
@@ -115,11 +136,12 @@ def _stop(process):
 
 def run_kernel(kernel_name, grid, arrays, out_types, constexprs):
   """Run one kernel in the worker; arrays: numpy inputs; returns numpy outputs."""
-  process = _process()
   outputs = [(tuple(t.shape), np.dtype(t.dtype).name) for t in out_types]
-  _send(process.stdin, (kernel_name, tuple(grid), [_pack(a) for a in arrays], outputs,
-                        constexprs))
-  status, result = _receive(process.stdout)
+  request = (kernel_name, tuple(grid), [_pack(a) for a in arrays], outputs, constexprs)
+  with _LOCK:
+    process = _process()
+    _send(process.stdin, request)
+    status, result = _receive(process.stdout)
   if status != "ok":
     raise RuntimeError(result)
   return tuple(r.view(t.dtype) for r, t in zip(result, out_types))
@@ -139,5 +161,5 @@ def interpreted_launcher():
   return launch
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
-  _worker()
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+  _worker(sys.argv[2])

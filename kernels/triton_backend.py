@@ -7,8 +7,8 @@ and dQ, then d log f = reverse cumsum of dc). Shapes are static, tiles come from
 run-time autotuning, so every call is deterministic. GSPMD cannot partition the custom call
 either: the models' sharded path wraps it in ``shard_map`` (sharded.py) as for Pallas.
 
-jax-triton (the ``[triton]`` extra) needs Python >= 3.12, jax >= 0.11 and triton >= 3.7, and
-lowers only for CUDA/ROCm: this module imports it only when a kernel is launched, so the
+jax-triton (the ``[triton]`` extra; 0.4 needs Python >= 3.12, jax >= 0.11 and triton >= 3.7, and
+0.3.1, which the glue also accepts, triton >= 3.6) lowers only for CUDA/ROCm: this module imports it only when a kernel is launched, so the
 default install and "auto" never need it. The launch itself is one function, ``launch``;
 the tests swap in one that runs the same kernels under TRITON_INTERPRET on CPU torch tensors
 (through ``jax.pure_callback``), which checks this glue and the kernels against the reference
@@ -16,6 +16,7 @@ without a GPU.
 """
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -25,8 +26,9 @@ from . import row_term
 from .block_sizes import heads_major, pad_seq
 from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, default_block_sizes, on_gpu
 
-INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton, which needs Python >= 3.12 "
-                "and jax >= 0.11: pip install 'lpcjax[triton]' on Python 3.12+ (or use impl='pallas')")
+INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: pip install 'lpcjax[triton]' "
+                "on Python >= 3.12 (jax-triton 0.4 needs jax >= 0.11 and triton >= 3.7), "
+                "or use impl='pallas'")
 
 # (num_warps, num_stages) per kernel and head dim <= 64 / 128: the official FoX kernel's H100/H200
 # settings (REFERENCE.md), as the Pallas backend uses them; the row term runs dQ's tiles.
@@ -46,10 +48,14 @@ def jax_triton_call(kernel_name, grid, inputs, out_types, num_warps, num_stages,
   except ImportError as error:
     raise ImportError(INSTALL_HINT) from error
   from . import triton_kernels
+  # jax-triton 0.4 names the outputs ``out_type``; 0.3.1 (Python 3.11+, triton 3.6, what a
+  # machine whose torch pins triton 3.6 can install) names them ``out_shape``.
+  outputs = ("out_type" if "out_type" in inspect.signature(jax_triton.triton_call).parameters
+             else "out_shape")
   return jax_triton.triton_call(
-      *inputs, kernel=getattr(triton_kernels, kernel_name), out_type=out_types, grid=grid,
+      *inputs, kernel=getattr(triton_kernels, kernel_name), grid=grid,
       name=f"forgetting_attention_{kernel_name}", num_warps=num_warps, num_stages=num_stages,
-      compute_capability=compute_capability, **constexprs)
+      compute_capability=compute_capability, **{outputs: out_types}, **constexprs)
 
 
 def _launch(kernel_name, grid, inputs, out_types, head_dim, **constexprs):

@@ -59,7 +59,7 @@ def test_unsupported_head_dim_and_auto():
 def lowering_available():
   if not HAS_JAX_TRITON:
     return "needs jax-triton (the [triton] extra, Python >= 3.12)"
-  if importlib.util.find_spec("jax_cuda12_plugin") is None:
+  if all(importlib.util.find_spec(f"jax_cuda{v}_plugin") is None for v in (12, 13)):
     return "needs jax-cuda12-plugin (its Triton custom call) to lower for CUDA"
   return None
 

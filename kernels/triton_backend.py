@@ -64,7 +64,7 @@ def _launch(kernel_name, grid, inputs, out_types, head_dim, **constexprs):
                                        constexprs)
 
 
-def _constexprs(q, sm_scale, prune, window):
+def kernel_constexprs(q, sm_scale, prune, window):
   """The constexprs every kernel takes (WINDOW = 0: no window)."""
   batch, seq_len, heads, head_dim = q.shape
   return dict(scale2=float(sm_scale * LOG2_E), SEQ_LEN=seq_len, HEADS=heads, HEAD_DIM=head_dim,
@@ -81,14 +81,14 @@ def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, prune, window):
   bq, bk = sizes.block_q, sizes.block_k
   o, lse2 = _launch("forward_kernel", (seq_len // bq, batch, heads), (q, k, v, c2, seg, thr2),
                     (jax.ShapeDtypeStruct(q.shape, q.dtype), _vector(q)), head_dim,
-                    BLOCK_Q=bq, BLOCK_K=bk, **_constexprs(q, sm_scale, prune, window))
+                    BLOCK_Q=bq, BLOCK_K=bk, **kernel_constexprs(q, sm_scale, prune, window))
   return o, lse2
 
 
 def _backward(q, k, v, c2, seg, thr2, o, do, lse2, sm_scale, sizes, prune, window):
   """dq, dk, dv and dc [B, H, T]; ``o`` None: recompute the row term (row_term.py)."""
   batch, seq_len, heads, head_dim = q.shape
-  common = _constexprs(q, sm_scale, prune, window)
+  common = kernel_constexprs(q, sm_scale, prune, window)
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
   inputs = (q, k, v, c2, seg, thr2, do, lse2)
   if o is None:

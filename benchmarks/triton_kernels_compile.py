@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels import triton_backend, triton_kernels
-from lpcjax.kernels.pallas_gpu import MIN_BLOCK, default_block_sizes
+from lpcjax.kernels.pallas_gpu import MIN_BLOCK
 
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (opt-in maximum)
 POINTERS = {"C": "*fp32", "THR": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DC": "*fp32",
@@ -71,7 +71,7 @@ def launches(batch, seq_len, heads, head_dim, dtype, prune, window):
   """(kernel name, constexprs, num_warps, num_stages) of every kernel one forward+backward
   launches, with the backend's own tiles and constexprs."""
   q = jax.ShapeDtypeStruct((batch, seq_len, heads, head_dim), dtype)
-  sizes = default_block_sizes(head_dim).fitted(seq_len, minimum=MIN_BLOCK)
+  sizes = triton_backend.default_block_sizes(head_dim).fitted(seq_len, minimum=MIN_BLOCK)
   common = triton_backend.kernel_constexprs(q, head_dim ** -0.5, prune, window)
   tiles = {"forward_kernel": (sizes.block_q, sizes.block_k),
            "dkv_kernel": (sizes.block_q_dkv, sizes.block_k_dkv),

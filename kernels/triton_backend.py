@@ -3,7 +3,7 @@
 jax-triton's ``triton_call`` has no JVP or batching rule, so the four kernels sit inside one
 ``jax.custom_vjp`` (forward: o and lse2; backward: the row term for bf16/fp16, then dK/dV/dc
 and dQ, then d log f = reverse cumsum of dc). Shapes are static, tiles come from ``BlockSizes``
-(default: the Pallas backend's per-head-dim tiles), warps and stages are fixed per kernel: no
+(default: ``default_block_sizes``, per head dim), warps and stages are fixed per kernel: no
 run-time autotuning, so every call is deterministic. GSPMD cannot partition the custom call
 either: the models' sharded path wraps it in ``shard_map`` (sharded.py) as for Pallas.
 
@@ -23,17 +23,32 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import row_term
-from .block_sizes import heads_major, pad_seq
-from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, default_block_sizes, on_gpu
+from .block_sizes import BlockSizes, heads_major, pad_seq
+from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
 
 INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: pip install 'lpcjax[triton]' "
                 "on Python >= 3.12 (jax-triton 0.4 needs jax >= 0.11 and triton >= 3.7), "
                 "or use impl='pallas'")
 
-# (num_warps, num_stages) per kernel and head dim <= 64 / 128: the official FoX kernel's H100/H200
-# settings (REFERENCE.md), as the Pallas backend uses them; the row term runs dQ's tiles.
-LAUNCH_SHAPES = {"forward_kernel": ((8, 3), (8, 2)), "dkv_kernel": ((4, 3), (4, 2)),
-                 "dq_kernel": ((8, 4), (8, 2)), "row_term_kernel": ((8, 4), (8, 2))}
+
+
+def default_block_sizes(head_dim):
+  """Tiles per head dim, chosen from the sm_90a compile report (benchmarks/
+  triton_kernels_compile.py; results/triton_kernels_compile_sm90.json): the largest that leave
+  every kernel without register spills at the paper's shapes, pruning and windows included. The
+  Pallas backend's tiles (the official kernel's) spill here: 128 x 128 forward and dQ tiles at
+  d = 128 (the forward by 112 bytes), and dQ/row term at d = 64 once pruning adds its pass."""
+  if head_dim <= 64:
+    return BlockSizes(block_q=128, block_k=64, block_q_dkv=128, block_k_dkv=64,
+                      block_q_dq=128, block_k_dq=64)
+  return BlockSizes(block_q=128, block_k=64, block_q_dkv=32, block_k_dkv=64,
+                    block_q_dq=128, block_k_dq=64)
+
+
+# (num_warps, num_stages) per kernel, for head dim <= 64 / 128, with the tiles above (the same
+# compile report); the row term runs dQ's tiles.
+LAUNCH_SHAPES = {"forward_kernel": ((8, 3), (8, 3)), "dkv_kernel": ((8, 3), (4, 3)),
+                 "dq_kernel": ((8, 3), (8, 3)), "row_term_kernel": ((8, 3), (8, 3))}
 
 # A launcher other than jax-triton's (tests set one); None: ``jax_triton_call``.
 launcher = None

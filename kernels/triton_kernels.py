@@ -21,9 +21,14 @@ Per tile: logits = scale2 * q.k + (c_i - c_j), the difference formed in float32 
 -inf across segments, right of the diagonal (only tiles that cross it compare positions) and,
 with a window w > 0, where i - j >= w (only tiles the band's edge crosses). Each sweep runs as
 up to three loops (band edge / inside / diagonal); tiles wholly outside the band are never
-loaded, and pruning (kernels/pruning.py, the same bound) skips the off-diagonal tiles with
-max c_rows - min c_cols < thr2. All shapes are compile-time constants and there is no
-autotuning: a launch is deterministic.
+loaded. Pruning (kernels/pruning.py, the same bound) skips the off-diagonal tiles with
+max c_rows - min c_cols < thr2. Because log f <= 0, c never increases along the sequence, so the
+tiles a sweep may skip are the ones farthest from the diagonal: a prefix of a query block's key
+blocks, a suffix of a key block's query blocks. The kernels therefore move the sweep's bound
+(a scalar pass over the blocks' c reads one [block] vector each) instead of branching in the
+tile loop, which keeps those loops free of control flow for Triton's software pipelining; for
+valid gates they skip exactly the tiles the Pallas backend's per-tile test skips. All shapes are
+compile-time constants and there is no autotuning: a launch is deterministic.
 """
 
 import triton
@@ -90,6 +95,28 @@ def _query_blocks(k_start, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, NUM_Q_B
 
 
 @triton.jit
+def _first_kept_key_block(C, c_q_max, thr, lo, hi, BLOCK_K: tl.constexpr):
+  """The end of the longest run of key blocks [lo, first) that pruning may skip for a query
+  block whose largest c is c_q_max: each has max c_q - min c_k < thr (see pruning.py)."""
+  first = lo
+  for kb in range(lo, hi):
+    gap = c_q_max - tl.min(tl.load(C + kb * BLOCK_K + tl.arange(0, BLOCK_K)), 0)
+    first = tl.where((gap < thr) & (first == kb), kb + 1, first)
+  return first
+
+
+@triton.jit
+def _last_kept_query_block_end(C, c_k_min, thr, lo, hi, BLOCK_Q: tl.constexpr):
+  """One past the last query block in [lo, hi) that pruning may not skip for a key block whose
+  smallest c is c_k_min (lo when it may skip them all)."""
+  end = lo
+  for qb in range(lo, hi):
+    gap = tl.max(tl.load(C + qb * BLOCK_Q + tl.arange(0, BLOCK_Q)), 0) - c_k_min
+    end = tl.where(gap >= thr, qb + 1, end)
+  return end
+
+
+@triton.jit
 def _program(THR, SEQ_LEN: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
   """This program's (batch, head): the offset of its sequence in [B, T, H, D] arrays (int64:
   B * T * H * D may pass 2^31), of its vectors in [B, H, T] arrays, and its threshold."""
@@ -126,25 +153,6 @@ def _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, k_start, scale2
 
 
 @triton.jit
-def _forward_step(acc, m, l, block, kb, scale2,
-                  BLOCK_K: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  CAUSAL: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
-                  IEEE: tl.constexpr):
-  """One key block; with PRUNE, skipped when its decay bounds its weight below epsilon.
-  ``block``: what the query block holds, (q, c_q, max c_q, seg_q, pos_q, thr, K, V, C, SEG)."""
-  q, c_q, c_q_max, seg_q, pos_q, thr, K, V, C, SEG = block
-  k_start = kb * BLOCK_K
-  if PRUNE:
-    if c_q_max - tl.min(tl.load(C + k_start + tl.arange(0, BLOCK_K)), 0) >= thr:
-      acc, m, l = _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, k_start, scale2,
-                                BLOCK_K, HEADS, HEAD_DIM, CAUSAL, WINDOW, IEEE)
-  else:
-    acc, m, l = _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, k_start, scale2,
-                              BLOCK_K, HEADS, HEAD_DIM, CAUSAL, WINDOW, IEEE)
-  return acc, m, l
-
-
-@triton.jit
 def forward_kernel(Q, K, V, C, SEG, THR, O, LSE, scale2: tl.constexpr, SEQ_LEN: tl.constexpr,
                    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                    BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
@@ -156,21 +164,22 @@ def forward_kernel(Q, K, V, C, SEG, THR, O, LSE, scale2: tl.constexpr, SEQ_LEN: 
   pos_q = q_start + tl.arange(0, BLOCK_Q)
   tile = _rows(q_start, BLOCK_Q, HEADS, HEAD_DIM)
   q, c_q, seg_q = tl.load(Q + tile), tl.load(C + pos_q), tl.load(SEG + pos_q)
-  c_q_max = tl.max(c_q, 0)
   acc = tl.zeros((BLOCK_Q, HEAD_DIM), tl.float32)
   m = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
   l = tl.zeros((BLOCK_Q,), tl.float32)
   first, inside, crossing, end = _key_blocks(q_start, BLOCK_Q, BLOCK_K, WINDOW)
-  block = (q, c_q, c_q_max, seg_q, pos_q, thr, K, V, C, SEG)
+  if PRUNE:
+    first = _first_kept_key_block(C, tl.max(c_q, 0), thr, first, crossing, BLOCK_K)
+    inside = tl.maximum(inside, first)
   for kb in range(first, inside):
-    acc, m, l = _forward_step(acc, m, l, block, kb, scale2, BLOCK_K, HEADS, HEAD_DIM, False,
-                              WINDOW, PRUNE, IEEE)
+    acc, m, l = _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, kb * BLOCK_K, scale2,
+                              BLOCK_K, HEADS, HEAD_DIM, False, WINDOW, IEEE)
   for kb in range(inside, crossing):
-    acc, m, l = _forward_step(acc, m, l, block, kb, scale2, BLOCK_K, HEADS, HEAD_DIM, False, 0,
-                              PRUNE, IEEE)
+    acc, m, l = _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, kb * BLOCK_K, scale2,
+                              BLOCK_K, HEADS, HEAD_DIM, False, 0, IEEE)
   for kb in range(crossing, end):  # the diagonal: never pruned (see pruning.py)
-    acc, m, l = _forward_step(acc, m, l, block, kb, scale2, BLOCK_K, HEADS, HEAD_DIM, True,
-                              WINDOW, False, IEEE)
+    acc, m, l = _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, kb * BLOCK_K, scale2,
+                              BLOCK_K, HEADS, HEAD_DIM, True, WINDOW, IEEE)
   tl.store(O + tile, (acc / l[:, None]).to(O.dtype.element_ty))
   tl.store(LSE + pos_q, m + tl.log2(l))  # every row sees at least its own key: l >= 1
 
@@ -197,24 +206,6 @@ def _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA, q_
 
 
 @triton.jit
-def _dkv_step(dk, dv, dc, block, qb, scale2, BLOCK_Q: tl.constexpr, HEADS: tl.constexpr,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-              PRUNE: tl.constexpr, IEEE: tl.constexpr):
-  """One query block; ``block``: (k, v, c_k, min c_k, seg_k, pos_k, thr, Q, DO, C, SEG, LSE,
-  DELTA) of the key block."""
-  k, v, c_k, c_k_min, seg_k, pos_k, thr, Q, DO, C, SEG, LSE, DELTA = block
-  q_start = qb * BLOCK_Q
-  if PRUNE:
-    if tl.max(tl.load(C + q_start + tl.arange(0, BLOCK_Q)), 0) - c_k_min >= thr:
-      dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA,
-                             q_start, scale2, BLOCK_Q, HEADS, HEAD_DIM, CAUSAL, WINDOW, IEEE)
-  else:
-    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA, q_start,
-                           scale2, BLOCK_Q, HEADS, HEAD_DIM, CAUSAL, WINDOW, IEEE)
-  return dk, dv, dc
-
-
-@triton.jit
 def dkv_kernel(Q, K, V, C, SEG, THR, DO, LSE, DELTA, DK, DV, DC, scale2: tl.constexpr,
                sm_scale: tl.constexpr, SEQ_LEN: tl.constexpr, HEADS: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -227,20 +218,22 @@ def dkv_kernel(Q, K, V, C, SEG, THR, DO, LSE, DELTA, DK, DV, DC, scale2: tl.cons
   pos_k = k_start + tl.arange(0, BLOCK_K)
   tile = _rows(k_start, BLOCK_K, HEADS, HEAD_DIM)
   k, v, c_k, seg_k = tl.load(K + tile), tl.load(V + tile), tl.load(C + pos_k), tl.load(SEG + pos_k)
-  block = (k, v, c_k, tl.min(c_k, 0), seg_k, pos_k, thr, Q, DO, C, SEG, LSE, DELTA)
   dk = tl.zeros((BLOCK_K, HEAD_DIM), tl.float32)
   dv = tl.zeros((BLOCK_K, HEAD_DIM), tl.float32)
   dc = tl.zeros((BLOCK_K,), tl.float32)
   first, below, partial, end = _query_blocks(k_start, BLOCK_Q, BLOCK_K, SEQ_LEN // BLOCK_Q, WINDOW)
+  if PRUNE:
+    end = _last_kept_query_block_end(C, tl.min(c_k, 0), thr, below, end, BLOCK_Q)
+    partial = tl.minimum(partial, end)
   for qb in range(first, below):  # the diagonal: never pruned
-    dk, dv, dc = _dkv_step(dk, dv, dc, block, qb, scale2, BLOCK_Q, HEADS, HEAD_DIM, True, WINDOW,
-                           False, IEEE)
+    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA,
+                           qb * BLOCK_Q, scale2, BLOCK_Q, HEADS, HEAD_DIM, True, WINDOW, IEEE)
   for qb in range(below, partial):
-    dk, dv, dc = _dkv_step(dk, dv, dc, block, qb, scale2, BLOCK_Q, HEADS, HEAD_DIM, False, 0,
-                           PRUNE, IEEE)
+    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA,
+                           qb * BLOCK_Q, scale2, BLOCK_Q, HEADS, HEAD_DIM, False, 0, IEEE)
   for qb in range(partial, end):
-    dk, dv, dc = _dkv_step(dk, dv, dc, block, qb, scale2, BLOCK_Q, HEADS, HEAD_DIM, False, WINDOW,
-                           PRUNE, IEEE)
+    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA,
+                           qb * BLOCK_Q, scale2, BLOCK_Q, HEADS, HEAD_DIM, False, WINDOW, IEEE)
   tl.store(DK + tile, (dk * sm_scale).to(DK.dtype.element_ty))
   tl.store(DV + tile, dv.to(DV.dtype.element_ty))
   tl.store(DC + pos_k, dc)
@@ -267,25 +260,6 @@ def _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG, k_
 
 
 @triton.jit
-def _dq_step(dq, delta, block, kb, scale2, BLOCK_K: tl.constexpr, HEADS: tl.constexpr,
-             HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-             PRUNE: tl.constexpr, ROW_TERM: tl.constexpr, IEEE: tl.constexpr):
-  """One key block; ``block``: (q, dO, c_q, max c_q, seg_q, pos_q, lse2, delta, thr, K, V, C,
-  SEG) of the query block."""
-  q, do, c_q, c_q_max, seg_q, pos_q, lse, delta_q, thr, K, V, C, SEG = block
-  k_start = kb * BLOCK_K
-  if PRUNE:
-    if c_q_max - tl.min(tl.load(C + k_start + tl.arange(0, BLOCK_K)), 0) >= thr:
-      dq, delta = _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG,
-                           k_start, scale2, BLOCK_K, HEADS, HEAD_DIM, CAUSAL, WINDOW, ROW_TERM,
-                           IEEE)
-  else:
-    dq, delta = _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG, k_start,
-                         scale2, BLOCK_K, HEADS, HEAD_DIM, CAUSAL, WINDOW, ROW_TERM, IEEE)
-  return dq, delta
-
-
-@triton.jit
 def _query_block_sweep(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN: tl.constexpr,
                        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
@@ -302,20 +276,25 @@ def _query_block_sweep(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN: tl
   delta_q = tl.zeros((BLOCK_Q,), tl.float32)
   if not ROW_TERM:
     delta_q = tl.load(DELTA + pos_q)
-  block = (tl.load(Q + tile), tl.load(DO + tile), c_q, tl.max(c_q, 0), tl.load(SEG + pos_q), pos_q,
-           tl.load(LSE + pos_q), delta_q, thr, K, V, C, SEG)
+  q, do = tl.load(Q + tile), tl.load(DO + tile)
+  seg_q, lse = tl.load(SEG + pos_q), tl.load(LSE + pos_q)
   dq = tl.zeros((BLOCK_Q, HEAD_DIM), tl.float32)
   delta = tl.zeros((BLOCK_Q,), tl.float32)
   first, inside, crossing, end = _key_blocks(q_start, BLOCK_Q, BLOCK_K, WINDOW)
+  if PRUNE:
+    first = _first_kept_key_block(C, tl.max(c_q, 0), thr, first, crossing, BLOCK_K)
+    inside = tl.maximum(inside, first)
   for kb in range(first, inside):
-    dq, delta = _dq_step(dq, delta, block, kb, scale2, BLOCK_K, HEADS, HEAD_DIM, False, WINDOW,
-                         PRUNE, ROW_TERM, IEEE)
+    dq, delta = _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG,
+                         kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, False, WINDOW, ROW_TERM,
+                         IEEE)
   for kb in range(inside, crossing):
-    dq, delta = _dq_step(dq, delta, block, kb, scale2, BLOCK_K, HEADS, HEAD_DIM, False, 0, PRUNE,
-                         ROW_TERM, IEEE)
+    dq, delta = _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG,
+                         kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, False, 0, ROW_TERM, IEEE)
   for kb in range(crossing, end):  # the diagonal: never pruned
-    dq, delta = _dq_step(dq, delta, block, kb, scale2, BLOCK_K, HEADS, HEAD_DIM, True, WINDOW,
-                         False, ROW_TERM, IEEE)
+    dq, delta = _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG,
+                         kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, True, WINDOW, ROW_TERM,
+                         IEEE)
   return dq, delta, seq + tile, vec + pos_q
 
 
@@ -336,7 +315,7 @@ def row_term_kernel(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
                     PRUNE: tl.constexpr, IEEE: tl.constexpr):
   """delta [B, H, T] float32 = sum_j P_ij dP_ij of one query block (DELTA is the output)."""
-  _, delta, _, positions = _query_block_sweep(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN,
-                                              HEADS, HEAD_DIM, BLOCK_Q, BLOCK_K, WINDOW, PRUNE, True,
-                                              IEEE)
+  _, delta, _, positions = _query_block_sweep(
+      Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN, HEADS, HEAD_DIM, BLOCK_Q, BLOCK_K,
+      WINDOW, PRUNE, True, IEEE)
   tl.store(DELTA + positions, delta)

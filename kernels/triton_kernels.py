@@ -34,8 +34,8 @@ compile-time constants and there is no autotuning: a launch is deterministic.
 import triton
 import triton.language as tl
 
-# Tile and launch shapes are decided by the caller (triton_backend.launch_config); the
-# kernels take them as constexprs.
+# Tiles, warps and stages are the caller's (triton_backend.default_block_sizes, LAUNCH_SHAPES);
+# the kernels take tiles and shapes as constexprs.
 
 
 @triton.jit

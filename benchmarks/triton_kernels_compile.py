@@ -56,7 +56,8 @@ def ptxas_report(ptx, arch):
     path = os.path.join(tmp, "kernel.ptx")
     with open(path, "w") as f:
       f.write(ptx)
-    run = subprocess.run([ptxas_path(arch), f"-arch=sm_{arch}{'a' if arch == 90 else ''}", "-v", path,
+    sm = f"sm_{arch}{'a' if arch == 90 else ''}"
+    run = subprocess.run([ptxas_path(arch), f"-arch={sm}", "-v", path,
                           "-o", os.path.join(tmp, "kernel.cubin")],
                          capture_output=True, text=True, check=False)
   if run.returncode:

@@ -7,10 +7,11 @@ and dQ, then d log f = reverse cumsum of dc). Shapes are static, tiles come from
 run-time autotuning, so every call is deterministic. GSPMD cannot partition the custom call
 either: the models' sharded path wraps it in ``shard_map`` (sharded.py) as for Pallas.
 
-jax-triton (the ``[triton]`` extra; 0.4 needs Python >= 3.12, jax >= 0.11 and triton >= 3.7, and
-0.3.1, which the glue also accepts, triton >= 3.6) lowers only for CUDA/ROCm: this module imports it only when a kernel is launched, so the
-default install and "auto" never need it. The launch itself is one function, ``launch``;
-the tests swap in one that runs the same kernels under TRITON_INTERPRET on CPU torch tensors
+jax-triton (the ``[triton]`` extra; 0.4 needs Python >= 3.12, jax >= 0.11 and triton >= 3.7;
+0.3.1, which the glue also accepts, triton >= 3.6) lowers only for CUDA/ROCm: this module
+imports it only when a kernel is launched, so the default install and "auto" never need it.
+The launch itself is one hook, ``launcher`` (None: ``jax_triton_call``); the tests set one that
+runs the same kernels under TRITON_INTERPRET on CPU torch tensors
 (through ``jax.pure_callback``), which checks this glue and the kernels against the reference
 without a GPU.
 """
@@ -26,9 +27,9 @@ from . import row_term
 from .block_sizes import BlockSizes, heads_major, pad_seq
 from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
 
-INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: pip install 'lpcjax[triton]' "
-                "on Python >= 3.12 (jax-triton 0.4 needs jax >= 0.11 and triton >= 3.7), "
-                "or use impl='pallas'")
+INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
+                "pip install 'lpcjax[triton]' on Python >= 3.12 (jax-triton 0.4 needs "
+                "jax >= 0.11 and triton >= 3.7), or use impl='pallas'")
 
 
 

@@ -5,8 +5,8 @@ warm-up), TFLOP/s with causal FLOP counts (forward 0.5 * 4 * B * H * T^2 * D, ba
 that), and the compiled executable's memory (XLA memory analysis: temporaries + arguments +
 outputs of forward+backward). Ratios between rows come from the same run.
 
-Candidates: lpcjax pallas / xla / reference backends; ``dot_product_attention_bias``:
-jax.nn.dot_product_attention with the decay bias materialized as a [B, H, T, T] array (cuDNN
+Candidates: lpcjax pallas / triton (jax-triton) / xla / reference backends;
+``dot_product_attention_bias``: jax.nn.dot_product_attention with the decay bias materialized as a [B, H, T, T] array (cuDNN
 where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal flash attention without any bias
 and with lpcjax's tiles where it allows them, its own warps and stages (the cost floor the
 forget gate is measured against). On TPU: ``pallas_tpu`` (lpcjax's Mosaic kernels) and
@@ -82,6 +82,7 @@ def pallas_tpu_flash_nobias(q, k, v, log_f):
 CANDIDATES = {
     "pallas": (lpcjax_candidate("pallas"), "gpu"),
     "pallas_tpu": (lpcjax_candidate("pallas_tpu"), "tpu"),
+    "triton": (lpcjax_candidate("triton"), "gpu"),  # jax-triton (the [triton] extra)
     "xla": (lpcjax_candidate("xla"), None),
     "reference": (lpcjax_candidate("reference"), None),
     "dot_product_attention_bias": (dot_product_attention_bias, None),

@@ -32,6 +32,7 @@ from .pallas_gpu import SUPPORTED_HEAD_DIMS, on_gpu, pallas_attention
 from . import pallas_tpu
 from .reference import reference_attention
 from .segments import segment_starts
+from .triton_backend import triton_attention
 from .xla_blockwise import xla_attention
 
 
@@ -41,6 +42,7 @@ _BACKENDS = {
     "xla": (xla_attention, None),
     "pallas": (pallas_attention, SUPPORTED_HEAD_DIMS),
     "pallas_tpu": (pallas_tpu.pallas_tpu_attention, pallas_tpu.SUPPORTED_HEAD_DIMS),
+    "triton": (triton_attention, SUPPORTED_HEAD_DIMS),  # jax-triton: Python >= 3.12, GPU only
 }
 
 

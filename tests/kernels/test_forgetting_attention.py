@@ -1,5 +1,7 @@
 """Every backend against the materialized reference, and the reference against float64 numpy."""
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,8 +12,11 @@ from jax.experimental import checkify
 
 from lpcjax.kernels import BlockSizes, available_impls, forgetting_attention
 
+# triton runs compiled on a GPU with jax-triton installed (on CPU: test_triton_kernels.py).
+ON_GPU_WITH_JAX_TRITON = (jax.default_backend() == "gpu"
+                          and importlib.util.find_spec("jax_triton") is not None)
 BACKENDS = [impl for impl in available_impls() if impl not in ("auto", "reference")
-            and (impl != "triton")  # triton (if registered) runs only on GPU
+            and (impl != "triton" or ON_GPU_WITH_JAX_TRITON)  # triton: compiled, on a GPU only
             and impl != "pallas_tpu"]  # see WITH_TPU
 # The TPU kernel streams tiles >= 128 wide (the TPU's lanes), so most shapes here fit it in one
 # tile, and each interpreted compile takes seconds: it joins the tests whose point does not

@@ -1,0 +1,137 @@
+"""Compile impl="triton"'s kernels to sm_90a machine code without a GPU; report their resources.
+
+benchmarks/triton_compile.py does this for the Pallas kernels through XLA's Triton pipeline; the
+kernels of kernels/triton_kernels.py are plain Triton, so Triton's own compiler does it here
+(Triton IR -> PTX -> cubin, with the ptxas that ships in the triton wheel), with exactly the
+constexprs, tiles, warps and stages that the backend launches them with (triton_backend.py), at
+the paper's shapes: FoX 760M (24 heads x 64) and its d = 128 variant (12 heads x 128), T = 16384,
+bf16, pruning off and on, with and without a window. For each kernel: shared memory, registers,
+spill bytes (``ptxas -v``), and whether Hopper's wgmma appears in the PTX. It measures no speed.
+
+  python benchmarks/triton_kernels_compile.py [--arch 90] [--out results/...json]
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+from lpcjax.files import write_json_atomic
+from lpcjax.kernels import triton_backend, triton_kernels
+from lpcjax.kernels.pallas_gpu import MIN_BLOCK
+
+SMEM_LIMIT = 227 * 1024  # per block on sm_90 (opt-in maximum)
+POINTERS = {"C": "*fp32", "THR": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DC": "*fp32",
+            "SEG": "*i32"}  # the others are q, k, v, o-shaped: the input dtype
+
+
+def parse_args():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90")
+  parser.add_argument("--seq-len", type=int, default=16384)
+  parser.add_argument("--shapes", nargs="+", default=["24x64", "12x128"], help="HEADSxHEAD_DIM")
+  parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+  parser.add_argument("--out", default=None)
+  args = parser.parse_args()
+  if args.out is None:
+    args.out = os.path.join(os.path.dirname(__file__), "results",
+                            f"triton_kernels_compile_sm{args.arch}.json")
+  return args
+
+
+def ptxas_path(arch):
+  """The ptxas Triton itself assembles with for this arch (its wheel ships two)."""
+  from triton.backends.nvidia.compiler import get_ptxas
+  return get_ptxas(arch).path
+
+
+def ptxas_report(ptx, arch):
+  """Registers and spill bytes from ``ptxas -v`` (sm_90a: the wgmma instructions need the a)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "kernel.ptx")
+    with open(path, "w") as f:
+      f.write(ptx)
+    sm = f"sm_{arch}{'a' if arch == 90 else ''}"
+    run = subprocess.run([ptxas_path(arch), f"-arch={sm}", "-v", path,
+                          "-o", os.path.join(tmp, "kernel.cubin")],
+                         capture_output=True, text=True, check=False)
+  if run.returncode:
+    raise RuntimeError(f"ptxas failed: {run.stderr.strip()[-500:]}")
+  number = lambda pattern: int(re.search(pattern, run.stderr).group(1))
+  return {"registers": number(r"Used (\d+) registers"),
+          "spill_store_bytes": number(r"(\d+) bytes spill stores"),
+          "spill_load_bytes": number(r"(\d+) bytes spill loads")}
+
+
+def launches(batch, seq_len, heads, head_dim, dtype, prune, window):
+  """(kernel name, constexprs, num_warps, num_stages) of every kernel one forward+backward
+  launches, with the backend's own tiles and constexprs."""
+  q = jax.ShapeDtypeStruct((batch, seq_len, heads, head_dim), dtype)
+  sizes = triton_backend.default_block_sizes(head_dim).fitted(seq_len, minimum=MIN_BLOCK)
+  common = triton_backend.kernel_constexprs(q, head_dim ** -0.5, prune, window)
+  tiles = {"forward_kernel": (sizes.block_q, sizes.block_k),
+           "dkv_kernel": (sizes.block_q_dkv, sizes.block_k_dkv),
+           "dq_kernel": (sizes.block_q_dq, sizes.block_k_dq),
+           "row_term_kernel": (sizes.block_q_dq, sizes.block_k_dq)}
+  names = list(tiles) if dtype != jnp.float32 else list(tiles)[:3]
+  for name in names:
+    constexprs = dict(common, BLOCK_Q=tiles[name][0], BLOCK_K=tiles[name][1])
+    if name in ("dkv_kernel", "dq_kernel"):
+      constexprs["sm_scale"] = head_dim ** -0.5
+    warps, stages = triton_backend.LAUNCH_SHAPES[name][head_dim > 64]
+    yield name, constexprs, warps, stages
+
+
+def compile_kernel(name, constexprs, warps, stages, dtype, arch):
+  import triton
+  from triton.backends.compiler import GPUTarget
+  from triton.compiler import ASTSource
+  kernel = getattr(triton_kernels, name)
+  element = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}[jnp.dtype(dtype).name]
+  signature = {arg: ("constexpr" if arg in constexprs else POINTERS.get(arg, element))
+               for arg in kernel.arg_names}
+  source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+  return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                        options=dict(num_warps=warps, num_stages=stages))
+
+
+def main():
+  args = parse_args()
+  import triton
+  dtype = jnp.dtype(args.dtype)
+  rows = []
+  print(f"triton {triton.__version__}, sm_{args.arch}, T = {args.seq_len}, {args.dtype}")
+  print(f"{'kernel':>16} {'H':>3} {'D':>4} {'prune':>5} {'window':>6} {'tiles':>8} {'warps':>5} "
+        f"{'stages':>6} {'smem KiB':>8} {'regs':>4} {'spill B':>7} {'wgmma':>5}")
+  for shape in args.shapes:
+    heads, head_dim = map(int, shape.split("x"))
+    for prune, window in ((False, None), (True, None), (True, 4096)):
+      for name, constexprs, warps, stages in launches(1, args.seq_len, heads, head_dim, dtype,
+                                                     prune, window):
+        compiled = compile_kernel(name, constexprs, warps, stages, dtype, args.arch)
+        ptx = compiled.asm["ptx"]
+        row = {"kernel": name, "heads": heads, "head_dim": head_dim, "dtype": args.dtype,
+               "prune": prune, "window": window, "block_q": constexprs["BLOCK_Q"],
+               "block_k": constexprs["BLOCK_K"], "num_warps": warps, "num_stages": stages,
+               "smem_bytes": compiled.metadata.shared,
+               "fits_smem": compiled.metadata.shared <= SMEM_LIMIT,
+               "wgmma": "wgmma.mma_async" in ptx, **ptxas_report(ptx, args.arch)}
+        rows.append(row)
+        print(f"{name:>16} {heads:>3} {head_dim:>4} {prune!s:>5} {window or '-'!s:>6} "
+              f"{row['block_q']:>3}x{row['block_k']:<4} {warps:>5} {stages:>6} "
+              f"{row['smem_bytes'] / 1024:>8.1f} {row['registers']:>4} "
+              f"{row['spill_store_bytes']:>7} {row['wgmma']!s:>5}", flush=True)
+  write_json_atomic(args.out, {"triton": triton.__version__, "arch": args.arch,
+                               "seq_len": args.seq_len, "dtype": args.dtype, "rows": rows})
+  print(f"wrote {args.out}")
+  if not all(row["fits_smem"] for row in rows):
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,183 @@
+"""impl="triton": the Triton kernels of triton_kernels.py called from JAX through jax-triton.
+
+jax-triton's ``triton_call`` has no JVP or batching rule, so the four kernels sit inside one
+``jax.custom_vjp`` (forward: o and lse2; backward: the row term for bf16/fp16, then dK/dV/dc
+and dQ, then d log f = reverse cumsum of dc). Shapes are static, tiles come from ``BlockSizes``
+(default: ``default_block_sizes``, per head dim), warps and stages are fixed per kernel: no
+run-time autotuning, so every call is deterministic. GSPMD cannot partition the custom call
+either: the models' sharded path wraps it in ``shard_map`` (sharded.py) as for Pallas.
+
+jax-triton (the ``[triton]`` extra; 0.4 needs Python >= 3.12, jax >= 0.11 and triton >= 3.7;
+0.3.1, which the glue also accepts, triton >= 3.6) lowers only for CUDA/ROCm: this module
+imports it only when a kernel is launched, so the default install and "auto" never need it.
+The launch itself is one hook, ``launcher`` (None: ``jax_triton_call``); the tests set one that
+runs the same kernels under TRITON_INTERPRET on CPU torch tensors
+(through ``jax.pure_callback``), which checks this glue and the kernels against the reference
+without a GPU.
+"""
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import row_term
+from .block_sizes import BlockSizes, heads_major, pad_seq
+from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
+
+INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
+                "pip install 'lpcjax[triton]' on Python >= 3.12 (jax-triton 0.4 needs "
+                "jax >= 0.11 and triton >= 3.7), or use impl='pallas'")
+
+
+
+def default_block_sizes(head_dim):
+  """Tiles per head dim, chosen from the sm_90a compile report (benchmarks/
+  triton_kernels_compile.py; results/triton_kernels_compile_sm90.json): the largest that leave
+  every kernel without register spills at the paper's shapes, pruning and windows included. The
+  Pallas backend's tiles (the official kernel's) spill here: 128 x 128 forward and dQ tiles at
+  d = 128 (the forward by 112 bytes), and dQ/row term at d = 64 once pruning adds its pass."""
+  if head_dim <= 64:
+    return BlockSizes(block_q=128, block_k=64, block_q_dkv=128, block_k_dkv=64,
+                      block_q_dq=128, block_k_dq=64)
+  return BlockSizes(block_q=128, block_k=64, block_q_dkv=32, block_k_dkv=64,
+                    block_q_dq=128, block_k_dq=64)
+
+
+# (num_warps, num_stages) per kernel, for head dim <= 64 / 128, with the tiles above (the same
+# compile report); the row term runs dQ's tiles.
+LAUNCH_SHAPES = {"forward_kernel": ((8, 3), (8, 3)), "dkv_kernel": ((8, 3), (4, 3)),
+                 "dq_kernel": ((8, 3), (8, 3)), "row_term_kernel": ((8, 3), (8, 3))}
+
+# A launcher other than jax-triton's (tests set one); None: ``jax_triton_call``.
+launcher = None
+
+
+def jax_triton_call(kernel_name, grid, inputs, out_types, num_warps, num_stages, constexprs,
+                    compute_capability=None):
+  """Launch ``triton_kernels.<kernel_name>`` through jax-triton. ``compute_capability`` (e.g. 90)
+  lets a machine without a GPU lower the call; None asks the local GPU."""
+  try:
+    import jax_triton
+  except ImportError as error:
+    raise ImportError(INSTALL_HINT) from error
+  from . import triton_kernels
+  # jax-triton 0.4 names the outputs ``out_type``; 0.3.1 (Python 3.11+, triton 3.6, what a
+  # machine whose torch pins triton 3.6 can install) names them ``out_shape``.
+  outputs = ("out_type" if "out_type" in inspect.signature(jax_triton.triton_call).parameters
+             else "out_shape")
+  return jax_triton.triton_call(
+      *inputs, kernel=getattr(triton_kernels, kernel_name), grid=grid,
+      name=f"forgetting_attention_{kernel_name}", num_warps=num_warps, num_stages=num_stages,
+      compute_capability=compute_capability, **{outputs: out_types}, **constexprs)
+
+
+def _launch(kernel_name, grid, inputs, out_types, head_dim, **constexprs):
+  warps, stages = LAUNCH_SHAPES[kernel_name][head_dim > 64]
+  return (launcher or jax_triton_call)(kernel_name, grid, inputs, out_types, warps, stages,
+                                       constexprs)
+
+
+def kernel_constexprs(q, sm_scale, prune, window):
+  """The constexprs every kernel takes (WINDOW = 0: no window)."""
+  batch, seq_len, heads, head_dim = q.shape
+  return dict(scale2=float(sm_scale * LOG2_E), SEQ_LEN=seq_len, HEADS=heads, HEAD_DIM=head_dim,
+              WINDOW=window or 0, PRUNE=prune, IEEE=q.dtype == jnp.float32)
+
+
+def _vector(q):
+  return jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32)
+
+
+def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, prune, window):
+  """o [B, T, H, D] and lse2 [B, H, T] of padded inputs."""
+  batch, seq_len, heads, head_dim = q.shape
+  bq, bk = sizes.block_q, sizes.block_k
+  o, lse2 = _launch("forward_kernel", (seq_len // bq, batch, heads), (q, k, v, c2, seg, thr2),
+                    (jax.ShapeDtypeStruct(q.shape, q.dtype), _vector(q)), head_dim,
+                    BLOCK_Q=bq, BLOCK_K=bk, **kernel_constexprs(q, sm_scale, prune, window))
+  return o, lse2
+
+
+def _backward(q, k, v, c2, seg, thr2, o, do, lse2, sm_scale, sizes, prune, window):
+  """dq, dk, dv and dc [B, H, T]; ``o`` None: recompute the row term (row_term.py)."""
+  batch, seq_len, heads, head_dim = q.shape
+  common = kernel_constexprs(q, sm_scale, prune, window)
+  bq, bk = sizes.block_q_dq, sizes.block_k_dq
+  inputs = (q, k, v, c2, seg, thr2, do, lse2)
+  if o is None:
+    delta = _launch("row_term_kernel", (seq_len // bq, batch, heads), inputs, _vector(q), head_dim,
+                    BLOCK_Q=bq, BLOCK_K=bk, **common)
+  else:
+    delta = jnp.swapaxes(row_term.from_output(o, do), 1, 2)
+  inputs += (delta,)
+  dq = _launch("dq_kernel", (seq_len // bq, batch, heads), inputs,
+               jax.ShapeDtypeStruct(q.shape, q.dtype), head_dim, BLOCK_Q=bq, BLOCK_K=bk,
+               sm_scale=float(sm_scale), **common)
+  bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
+  dk, dv, dc = _launch("dkv_kernel", (seq_len // bk, batch, heads), inputs,
+                       (jax.ShapeDtypeStruct(k.shape, k.dtype),
+                        jax.ShapeDtypeStruct(v.shape, v.dtype), _vector(q)),
+                       head_dim, BLOCK_Q=bq, BLOCK_K=bk, sm_scale=float(sm_scale), **common)
+  return dq, dk, dv, dc
+
+
+def _scaled_cumsum(log_fgate):
+  return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _attention(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, prune, window):
+  return _attention_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, prune, window)[0]
+
+
+def _attention_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, prune, window):
+  o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, sm_scale, sizes, prune,
+                     window)
+  kept = None if row_term.recomputes(q.dtype) else o  # o is a residual only where delta reads it
+  return o, (q, k, v, log_fgate, seg, thr2, kept, lse2)
+
+
+def _attention_bwd(sm_scale, sizes, prune, window, residuals, do):
+  q, k, v, log_fgate, seg, thr2, o, lse2 = residuals
+  dq, dk, dv, dc = _backward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, o, do.astype(q.dtype),
+                             lse2, sm_scale, sizes, prune, window)
+  return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
+                     prune_threshold=None, window=None):
+  """Triton backend; layouts as in ``forgetting_attention``. Pads T up to the block sizes.
+
+  ``prune_threshold`` [batch, heads] (or None) enables tile skipping (see pruning.py).
+  ``window``: None or a static int, sliding-window attention (tiles outside the band skipped).
+  """
+  seq_len, head_dim = q.shape[1], q.shape[-1]
+  if head_dim not in SUPPORTED_HEAD_DIMS:
+    raise ValueError(f"forgetting_attention: impl='triton' supports head_dim in "
+                     f"{SUPPORTED_HEAD_DIMS}, got {head_dim}")
+  if launcher is None:
+    try:
+      import jax_triton  # noqa: F401  (fail here, in one line, not inside a trace)
+    except ImportError:
+      raise ImportError(INSTALL_HINT) from None
+    if interpret:
+      raise ValueError("forgetting_attention: impl='triton' has no interpret mode (jax-triton "
+                       "lowers only for GPUs); on CPU use impl='pallas' with interpret=True")
+    if not on_gpu():
+      raise ValueError("forgetting_attention: impl='triton' needs a GPU; on CPU use impl='xla'")
+  sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
+  padded_len = -(-seq_len // sizes.largest) * sizes.largest
+  prune = prune_threshold is not None
+  thr2 = (prune_threshold * LOG2_E if prune else jnp.zeros(q.shape[:1] + q.shape[2:3]))
+  o = _attention(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
+                 heads_major(log_fgate, padded_len).astype(jnp.float32),
+                 heads_major(segment_ids, padded_len).astype(jnp.int32),
+                 thr2.astype(jnp.float32), float(sm_scale), sizes, prune, window)
+  return o[:, :seq_len]
+

@@ -1,8 +1,8 @@
 """impl="triton": the Triton kernels of triton_kernels.py called from JAX through jax-triton.
 
-jax-triton's ``triton_call`` has no JVP or batching rule, so the four kernels sit inside one
-``jax.custom_vjp`` (forward: o and lse2; backward: the row term for bf16/fp16, then dK/dV/dc
-and dQ, then d log f = reverse cumsum of dc). Shapes are static, tiles come from ``BlockSizes``
+jax-triton's ``triton_call`` has no JVP or batching rule, so the four kernels sit inside the
+backends' shared ``jax.custom_vjp`` (vjp.py; forward: o and lse2; backward: the row term for
+bf16/fp16, then dQ and dK/dV/dc, then d log f = reverse cumsum of dc). Shapes are static, tiles come from ``BlockSizes``
 (default: ``default_block_sizes``, per head dim), warps and stages are fixed per kernel: no
 run-time autotuning, so every call is deterministic. GSPMD cannot partition the custom call
 either: the models' sharded path wraps it in ``shard_map`` (sharded.py) as for Pallas.
@@ -16,14 +16,13 @@ runs the same kernels under TRITON_INTERPRET on CPU torch tensors
 without a GPU.
 """
 
-import functools
 import inspect
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from . import row_term
+from .vjp import BackendKernels, differentiable
 from .block_sizes import BlockSizes, heads_major, pad_seq
 from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
 
@@ -101,18 +100,20 @@ def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, prune, window):
   return o, lse2
 
 
-def _backward(q, k, v, c2, seg, thr2, o, do, lse2, sm_scale, sizes, prune, window):
-  """dq, dk, dv and dc [B, H, T]; ``o`` None: recompute the row term (row_term.py)."""
+def _row_term(q, k, v, c2, seg, thr2, do, lse2, sm_scale, sizes, prune, window):
+  """delta [B, H, T] recomputed from the tiles (bf16/fp16, row_term.py), on dQ's grid."""
+  batch, seq_len, heads, head_dim = q.shape
+  return _launch("row_term_kernel", (seq_len // sizes.block_q_dq, batch, heads),
+                 (q, k, v, c2, seg, thr2, do, lse2), _vector(q), head_dim, BLOCK_Q=sizes.block_q_dq,
+                 BLOCK_K=sizes.block_k_dq, **kernel_constexprs(q, sm_scale, prune, window))
+
+
+def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, prune, window):
+  """dq, dk, dv and dc [B, H, T]."""
   batch, seq_len, heads, head_dim = q.shape
   common = kernel_constexprs(q, sm_scale, prune, window)
+  inputs = (q, k, v, c2, seg, thr2, do, lse2, delta)
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
-  inputs = (q, k, v, c2, seg, thr2, do, lse2)
-  if o is None:
-    delta = _launch("row_term_kernel", (seq_len // bq, batch, heads), inputs, _vector(q), head_dim,
-                    BLOCK_Q=bq, BLOCK_K=bk, **common)
-  else:
-    delta = jnp.swapaxes(row_term.from_output(o, do), 1, 2)
-  inputs += (delta,)
   dq = _launch("dq_kernel", (seq_len // bq, batch, heads), inputs,
                jax.ShapeDtypeStruct(q.shape, q.dtype), head_dim, BLOCK_Q=bq, BLOCK_K=bk,
                sm_scale=float(sm_scale), **common)
@@ -128,26 +129,11 @@ def _scaled_cumsum(log_fgate):
   return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _attention(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, prune, window):
-  return _attention_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, prune, window)[0]
-
-
-def _attention_fwd(q, k, v, log_fgate, seg, thr2, sm_scale, sizes, prune, window):
-  o, lse2 = _forward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, sm_scale, sizes, prune,
-                     window)
-  kept = None if row_term.recomputes(q.dtype) else o  # o is a residual only where delta reads it
-  return o, (q, k, v, log_fgate, seg, thr2, kept, lse2)
-
-
-def _attention_bwd(sm_scale, sizes, prune, window, residuals, do):
-  q, k, v, log_fgate, seg, thr2, o, lse2 = residuals
-  dq, dk, dv, dc = _backward(q, k, v, _scaled_cumsum(log_fgate), seg, thr2, o, do.astype(q.dtype),
-                             lse2, sm_scale, sizes, prune, window)
-  return dq, dk, dv, lax.cumsum(dc, axis=2, reverse=True), None, None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
+# static = (sm_scale, sizes, prune, window); the custom_vjp is the one in vjp.py
+_attention = differentiable(BackendKernels(
+    cumsum=_scaled_cumsum, forward=_forward, row_term=_row_term,
+    row_term_from_output=lambda o, do: jnp.swapaxes(row_term.from_output(o, do), 1, 2),
+    backward=_backward, seq_axis=2))
 
 
 def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
@@ -178,6 +164,6 @@ def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   o = _attention(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
                  heads_major(log_fgate, padded_len).astype(jnp.float32),
                  heads_major(segment_ids, padded_len).astype(jnp.int32),
-                 thr2.astype(jnp.float32), float(sm_scale), sizes, prune, window)
+                 thr2.astype(jnp.float32), (float(sm_scale), sizes, prune, window))
   return o[:, :seq_len]
 

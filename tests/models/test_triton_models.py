@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 import test_generation  # noqa: E402
 import triton_interpreted  # noqa: E402
-from lpcjax import config as C  # noqa: E402
+from lpcjax import experiment as C  # noqa: E402
 from lpcjax.kernels import triton_backend  # noqa: E402
 
 

@@ -45,6 +45,18 @@ class BlockSizes:
                self.block_q_dq or 0, self.block_k_dq or 0)
 
 
+def require_head_dim(impl, head_dim, supported):
+  """The one-line error of a backend that cannot take ``head_dim``."""
+  if head_dim not in supported:
+    raise ValueError(f"forgetting_attention: impl={impl!r} supports head_dim in {tuple(supported)}, "
+                     f"got {head_dim}")
+
+
+def padded_length(seq_len, multiple):
+  """seq_len rounded up to a multiple of ``multiple`` (the largest tile)."""
+  return -(-seq_len // multiple) * multiple
+
+
 def pad_seq(x, padded_len, axis=1):
   """Zero-pad axis ``axis`` of x up to padded_len."""
   pad = [(0, 0)] * x.ndim

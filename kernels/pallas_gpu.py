@@ -35,7 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .block_sizes import (BlockSizes, first_key_block_in_window, floor_div, heads_major, pad_seq,
-                          query_block_end_in_window)
+                          padded_length, query_block_end_in_window, require_head_dim)
 from . import row_term
 from .pruning import unless_skipped
 from .reference import tile_logits
@@ -349,14 +349,12 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   ``window``: None or a static int, sliding-window attention (tiles outside the band skipped).
   """
   seq_len, head_dim = q.shape[1], q.shape[-1]
-  if head_dim not in SUPPORTED_HEAD_DIMS:
-    raise ValueError(f"forgetting_attention: impl='pallas' supports head_dim in {SUPPORTED_HEAD_DIMS}, "
-                     f"got {head_dim}")
+  require_head_dim("pallas", head_dim, SUPPORTED_HEAD_DIMS)
   if not interpret and not on_gpu():
     raise ValueError("forgetting_attention: impl='pallas' needs a GPU; on CPU pass interpret=True "
                      "(slow, for tests) or use impl='xla'")
   sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
-  padded_len = -(-seq_len // sizes.largest) * sizes.largest
+  padded_len = padded_length(seq_len, sizes.largest)
   prune = prune_threshold is not None
   # The threshold travels as a [B, H, 16] row (a power-of-two block); kernels read its max.
   threshold = prune_threshold * LOG2_E if prune else jnp.zeros(q.shape[:1] + q.shape[2:3], jnp.float32)

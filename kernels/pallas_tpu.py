@@ -45,8 +45,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from . import row_term
 from .vjp import BackendKernels, differentiable
-from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major,
-                          query_block_end_in_window)
+from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, padded_length,
+                          query_block_end_in_window, require_head_dim)
 
 # Powers of two that the (8, 128) tiling takes as a full last block dim. 64 and smaller pad to
 # 128 lanes inside the tiles (the MXU sees 128); lowering for TPU was checked on CPU for each.
@@ -526,14 +526,12 @@ def pallas_tpu_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=
   (pruning.py); ``window``: None or a static int, sliding-window attention.
   """
   seq_len, head_dim = q.shape[1], q.shape[-1]
-  if head_dim not in SUPPORTED_HEAD_DIMS:
-    raise ValueError(f"forgetting_attention: impl='pallas_tpu' supports head_dim in "
-                     f"{SUPPORTED_HEAD_DIMS}, got {head_dim}")
+  require_head_dim("pallas_tpu", head_dim, SUPPORTED_HEAD_DIMS)
   if not interpret and not on_tpu():
     raise ValueError("forgetting_attention: impl='pallas_tpu' needs a TPU; on CPU pass "
                      "interpret=True (slow, for tests) or use impl='xla'")
   sizes = tpu_block_sizes(block_sizes, seq_len, q.dtype, head_dim)
-  padded_len = -(-seq_len // sizes.largest) * sizes.largest
+  padded_len = padded_length(seq_len, sizes.largest)
   # Padded keys lie right of every real query, so the causal mask already hides them.
   o = _attention(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
                  prune_threshold, (float(sm_scale), sizes, interpret, window))

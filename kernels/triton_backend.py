@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from . import row_term
 from .vjp import BackendKernels, differentiable
-from .block_sizes import BlockSizes, heads_major, pad_seq
+from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
 from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
 
 INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
@@ -144,9 +144,7 @@ def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   ``window``: None or a static int, sliding-window attention (tiles outside the band skipped).
   """
   seq_len, head_dim = q.shape[1], q.shape[-1]
-  if head_dim not in SUPPORTED_HEAD_DIMS:
-    raise ValueError(f"forgetting_attention: impl='triton' supports head_dim in "
-                     f"{SUPPORTED_HEAD_DIMS}, got {head_dim}")
+  require_head_dim("triton", head_dim, SUPPORTED_HEAD_DIMS)
   if launcher is None:
     try:
       import jax_triton  # noqa: F401  (fail here, in one line, not inside a trace)
@@ -158,7 +156,7 @@ def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
     if not on_gpu():
       raise ValueError("forgetting_attention: impl='triton' needs a GPU; on CPU use impl='xla'")
   sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
-  padded_len = -(-seq_len // sizes.largest) * sizes.largest
+  padded_len = padded_length(seq_len, sizes.largest)
   prune = prune_threshold is not None
   thr2 = (prune_threshold * LOG2_E if prune else jnp.zeros(q.shape[:1] + q.shape[2:3]))
   o = _attention(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),

@@ -23,7 +23,7 @@ ever subtracted globally.
 import jax.numpy as jnp
 from jax import lax
 
-from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major,
+from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, padded_length,
                           query_block_end_in_window)
 from .pruning import unless_skipped
 from . import row_term
@@ -216,7 +216,7 @@ def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, i
   seq_len = q.shape[1]
   sizes = (block_sizes or BlockSizes()).fitted(seq_len)
   bq, bk = sizes.block_q, sizes.block_k
-  padded_len = -(-seq_len // max(bq, bk)) * max(bq, bk)
+  padded_len = padded_length(seq_len, max(bq, bk))
   # Padded keys lie right of every real query, so the causal mask already hides them.
   o = _blockwise(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
                  prune_threshold, (float(sm_scale), bq, bk, window))

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from . import row_term
 from .vjp import BackendKernels, differentiable
 from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
-from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
+from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, _scaled_cumsum, on_gpu
 
 INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
                 "pip install 'lpcjax[triton]' on Python >= 3.12 (jax-triton 0.4 needs "
@@ -123,10 +123,6 @@ def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, prune, w
                         jax.ShapeDtypeStruct(v.shape, v.dtype), _vector(q)),
                        head_dim, BLOCK_Q=bq, BLOCK_K=bk, sm_scale=float(sm_scale), **common)
   return dq, dk, dv, dc
-
-
-def _scaled_cumsum(log_fgate):
-  return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
 
 
 # static = (sm_scale, sizes, prune, window); the custom_vjp is the one in vjp.py

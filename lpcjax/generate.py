@@ -11,7 +11,27 @@ stops at <|endoftext|> unless --no-stop.
 """
 
 import argparse
+import codecs
 import sys
+
+
+class TextStream:
+  """Token ids to text as they are drawn. A character can span GPT-2 tokens (curly quotes,
+  emoji, CJK), so each token's bytes go through an incremental UTF-8 decoder that holds back an
+  unfinished character; ``flush`` ends the stream. The text is then exactly what one
+  ``tokenizer.decode`` of all the ids gives (both replace invalid bytes the same way)."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+    self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+  def __call__(self, ids):
+    tokenizer = self.tokenizer
+    data = b"".join(tokenizer.decode_single_token_bytes(t) for t in ids if t < tokenizer.n_vocab)
+    return self.utf8.decode(data)
+
+  def flush(self):
+    return self.utf8.decode(b"", final=True)
 
 
 def parse_args(argv):
@@ -62,15 +82,16 @@ def main(argv=None):
     else:
       decode = lambda ids: "".join(f"{t} " for t in ids)
 
+    stream = TextStream(tokenizer) if tokenizer else decode
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
                         max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
-                        on_token=TokenPrinter(decode, sys.stdout) if len(prompts) == 1 else None)
+                        on_token=TokenPrinter(stream, sys.stdout) if len(prompts) == 1 else None)
   except (RunError, DataError, ConfigError, GenerationError, OSError, ValueError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
   if len(prompts) == 1:
-    print()
+    print(stream.flush() if tokenizer else "")
   else:
     for prompt, tokens in zip(prompts, result.tokens):
       print(f"{decode(prompt)}\u2502{decode(tokens)}")

@@ -5,13 +5,18 @@
   python train.py --config paper:fox_125m data.kind=tokens data.train_tokens=data/train
   python train.py --config ... train.run_name=NAME --resume     # continue NAME's latest checkpoint
   python train.py --config ... train.init_from=runs/A[:STEP]   # a new run from run A's weights
+  python train.py --config fox_tiny_text --tokenizer-file gpt2.tiktoken data.train_files=book.txt
 
-Any config field can be overridden as section.field=value (see lpcjax/config.py). Several
+Any config field can be overridden as section.field=value (see lpcjax/config.py). The GPT-2
+tokenizer comes from --tokenizer-file (= data.tokenizer_file), else $LPCJAX_TIKTOKEN_FILE, else
+(token files) the rank file the token file was prepared with, else tiktoken's download; the run
+records the file in its config.json, so eval.py and generate find it offline. Several
 processes (multi-host): set LPCJAX_DISTRIBUTED=1 (or run under a launcher that sets up
 jax.distributed's environment) and start the same command on every host.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -33,12 +38,18 @@ def _train(args):
     jax.distributed.initialize()  # coordinator, process count and id from the environment
 
   from lpcjax import config as config_lib
-  from lpcjax.data import DataError
+  from lpcjax.data import DataError, with_recorded_tokenizer
   from lpcjax.training import RunError, TrainingError, train
 
   try:
     config = config_lib.load_experiment(args.config, CONFIG_DIR)
     config = config_lib.apply_overrides(config, args.overrides)
+    if args.tokenizer_file:
+      if not hasattr(config.data, "tokenizer_file"):
+        raise config_lib.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no tokenizer")
+      config = dataclasses.replace(config, data=dataclasses.replace(config.data,
+                                                                    tokenizer_file=args.tokenizer_file))
+    config = dataclasses.replace(config, data=with_recorded_tokenizer(config.data))
     if args.print_config:
       print(config_lib.to_json(config))
       return None, None
@@ -57,6 +68,8 @@ def _main(argv):
   parser.add_argument("--config", default=DEFAULT_CONFIG,
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
   parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+  parser.add_argument("--tokenizer-file", default=None,
+                      help="tiktoken rank file of the GPT-2 tokenizer (offline use); = data.tokenizer_file")
   resume = parser.add_mutually_exclusive_group()
   resume.add_argument("--resume", action="store_const", const=True, default=False,
                       help="continue the run's latest checkpoint (state and data order); none is an error")

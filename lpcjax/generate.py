@@ -6,8 +6,8 @@
 
 One prompt per line in --prompts FILE (a batch, right-padded). Tokens are printed as they are
 drawn for a single prompt; a batch prints each row when done. The tokenizer is the run's GPT-2
-tokenizer (``data.tokenizer_file``, $LPCJAX_TIKTOKEN_FILE or tiktoken's download); generation
-stops at <|endoftext|> unless --no-stop.
+tokenizer: --tokenizer-file, else the rank file the run recorded (``data.tokenizer_file``), else
+$LPCJAX_TIKTOKEN_FILE, else tiktoken's download; generation stops at <|endoftext|> unless --no-stop.
 """
 
 import argparse
@@ -49,6 +49,8 @@ def parse_args(argv):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   parser.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
+  parser.add_argument("--tokenizer-file", default=None,
+                      help="tiktoken rank file of the GPT-2 tokenizer, instead of the run's recorded one")
   return parser.parse_args(argv)
 
 
@@ -64,13 +66,13 @@ def main(argv=None):
 
   try:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
-    run = load_run(args.run, step=args.step)
+    run = load_run(args.run, step=args.step, tokenizer_file=args.tokenizer_file)
     check_decodes(run.family)
     tokenizer = None
     if args.token_ids:
       prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]
     else:
-      tokenizer = load_gpt2_tokenizer(getattr(run.config.data, "tokenizer_file", None))
+      tokenizer = load_gpt2_tokenizer(args.tokenizer_file or getattr(run.config.data, "tokenizer_file", None))
       texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
       prompts = [tokenizer.encode_ordinary(text) for text in texts]
     end_token = None if args.no_stop or tokenizer is None else tokenizer.eot_token

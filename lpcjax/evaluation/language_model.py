@@ -79,10 +79,26 @@ def _token_losses(model, params, sequence_logits):
   return lambda inputs, targets: np.asarray(losses(params, inputs, targets))
 
 
-def run_label(config, params):
+def run_label(config, params, run_dir=None):
+  """'NAME (family, architecture, size)': NAME, the run directory's, tells apart two runs of one
+  model (the architecture alone read the same twice in a comparison)."""
   describe = getattr(config.model, "describe", None)
-  kind = f"{describe()}, " if describe else ""
-  return f"{config.model.family} ({kind}{num_params(params) / 1e6:.1f}M)"
+  size = f"{describe()}, " if describe else ""
+  size += f"{num_params(params) / 1e6:.1f}M"
+  if not run_dir:
+    return f"{config.model.family} ({size})"
+  return f"{os.path.basename(os.path.normpath(run_dir))} ({config.model.family}, {size})"
+
+
+def distinct_labels(results):
+  """Runs in different folders of one name (a/fox, b/fox): their labels get the parent folder
+  too, so that the legend, the console and compare.json still tell them apart."""
+  labels = [r["label"] for r in results]
+  for r in results:
+    if labels.count(r["label"]) > 1:
+      path = os.path.normpath(r["run"])
+      parent = os.path.basename(os.path.dirname(path))
+      r["label"] = r["label"].replace(os.path.basename(path), f"{parent}/{os.path.basename(path)}", 1)
 
 
 class LanguageModelEvaluator:
@@ -141,7 +157,8 @@ class LanguageModelEvaluator:
                                 roll_seed=seed if roll else None, progress=options.progress,
                                 total=len(dataset), bin_width=options.window)
       result = summarize(totals.sums, totals.counts, len(totals.sequence_means), _tokens_per_word(data_config))
-      result.update(run=os.path.abspath(run.run_dir), label=run_label(config, run.params), train_len=train_len,
+      label = run_label(config, run.params, run.run_dir)
+      result.update(run=os.path.abspath(run.run_dir), label=label, train_len=train_len,
                     family=config.model.family, data_kind=data_config.kind, rolled=roll,
                     per_sequence_loss=totals.sequence_means.tolist(), band=confidence_band(totals))
       predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
@@ -171,6 +188,7 @@ class LanguageModelEvaluator:
   def write(self, results, out_dir, options):
     """per_token.json (compare.json for several runs), written atomically, and the PNG plots."""
     name = "per_token.json" if len(results) == 1 else "compare.json"
+    distinct_labels(results)
     write_json_atomic(os.path.join(out_dir, name), results if len(results) > 1 else results[0])
     runs = [(r["label"], r, r["train_len"]) for r in results]
     plot_per_token(runs, os.path.join(out_dir, "per_token_loss.png"), window=options.window, log_x=options.log_x)

@@ -13,6 +13,10 @@ tokenizer comes from --tokenizer-file (= data.tokenizer_file), else $LPCJAX_TIKT
 records the file in its config.json, so eval.py and generate find it offline. Several
 processes (multi-host): set LPCJAX_DISTRIBUTED=1 (or run under a launcher that sets up
 jax.distributed's environment) and start the same command on every host.
+
+Exit status: 0 when the run reached train.steps (or already had: nothing to train); 2 for bad
+input (one line on stderr, nothing written); 130 when SIGINT/SIGTERM stopped it before
+train.steps (a checkpoint of the last step is kept; continue with --resume).
 """
 
 import argparse
@@ -24,6 +28,7 @@ import sys
 from lpcjax import interrupts  # standard library only: JAX is imported later, inside main
 
 DEFAULT_CONFIG = "fox_tiny_mqar"
+EXIT_STOPPED = 130  # stopped by SIGINT/SIGTERM before train.steps (also: before training started)
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
@@ -82,7 +87,7 @@ def _main(argv):
     run_dir, summary = _train(args)
   except KeyboardInterrupt:  # only before the trainer starts: from then on a stop is graceful
     print("error: interrupted before training started; nothing was written", file=sys.stderr)
-    return 130
+    return EXIT_STOPPED
   except UsageError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
@@ -92,14 +97,18 @@ def _main(argv):
     print(f"{run_dir} is already at step {summary['step']} = train.steps: nothing to train "
           "(raise train.steps to train on)")
     return 0
+  # A run that stopped short of train.steps is not a success: `train.py && eval.py` must not
+  # evaluate half a run. EXIT_STOPPED, as a shell reports a Ctrl-C, whichever signal it was.
   if summary["preempted"] and not os.path.isdir(run_dir):  # stopped before the first step
     print("stopped by a signal before the first step: nothing trained, nothing kept; run the same command "
           "again to start", file=sys.stderr)
-    return 0
+    return EXIT_STOPPED
   print(json.dumps(summary, indent=2))
-  if summary["preempted"]:
-    print(f"stopped by a signal: checkpoint at step {summary['step']}; continue with --resume", file=sys.stderr)
   print(f"run directory: {run_dir}")
+  if summary["preempted"]:
+    print(f"stopped by a signal at step {summary['step']}, before train.steps: checkpoint saved; "
+          "continue with --resume", file=sys.stderr)
+    return EXIT_STOPPED
   return 0
 
 

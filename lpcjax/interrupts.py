@@ -26,7 +26,8 @@ def requested():
 @contextlib.contextmanager
 def remembered():
   """SIGINT records a stop request and raises KeyboardInterrupt; the previous SIGINT handler and
-  unraisable hook come back on exit. Outside the main thread (no signal handlers there) a no-op."""
+  unraisable hook come back on exit, and the request is forgotten. Outside the main thread (no
+  signal handlers there) a no-op."""
   global _requested
   if threading.current_thread() is not threading.main_thread():
     yield
@@ -50,3 +51,6 @@ def remembered():
   finally:
     signal.signal(signal.SIGINT, previous_handler)
     sys.unraisablehook = previous_hook
+    # The request belonged to this block: a later trainer in the same process (a notebook, a
+    # test session) must not stop before its first step on it.
+    _requested = False

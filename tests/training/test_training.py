@@ -253,6 +253,7 @@ def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_run(capsys):
     with stop_requests() as stop:
       assert stop["stop"]
   assert signal.getsignal(signal.SIGINT) is before
+  assert not interrupts.requested()  # a later run in this process (the next test) is not stopped
   err = capsys.readouterr().err
   assert "Traceback" not in err and "Exception ignored" not in err
 

@@ -52,14 +52,29 @@ def cli(name):
 
 def ctrl_c_swallowed_by_the_interpreter():
   """SIGINT delivered inside a __del__, where Python swallows the KeyboardInterrupt (prints
-  'Exception ignored' and carries on), as it does when the signal lands in JAX's GC callback."""
+  'Exception ignored' and carries on), as it does when the signal lands in JAX's GC callback.
+
+  The handler must run inside this __del__ and nowhere else: Python runs it at its next check
+  between bytecodes, and if a garbage collection came first, that check could be inside another
+  library's gc callback (hypothesis installs one), whose KeyboardInterrupt then surfaced as a
+  PytestUnraisableExceptionWarning in whatever test ran later. So no collection may start while
+  the signal is pending, and a Python loop (its backward jump is such a check) runs it here."""
+  import gc
   import signal
 
   class Collected:
     def __del__(self):
       signal.raise_signal(signal.SIGINT)
-      sum(range(1000))  # the Python-level handler runs here, inside __del__
-  Collected()
+      for _ in range(100):  # the Python-level handler runs here, inside __del__
+        pass
+
+  collecting = gc.isenabled()
+  gc.disable()
+  try:
+    Collected()
+  finally:
+    if collecting:
+      gc.enable()
 
 
 def tiny_experiment(tmp_path, *overrides, name="run"):

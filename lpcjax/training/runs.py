@@ -13,7 +13,7 @@ import numpy as np
 from lpcjax import config as config_lib
 from lpcjax import models
 
-from .checkpoint import Checkpointer, has_checkpoint, tree_mismatch
+from .checkpoint import Checkpointer, TreeMismatchError, has_checkpoint, tree_mismatch
 from .steps import make_optimizer, state_shardings
 
 
@@ -60,6 +60,8 @@ def restore_checked(checkpointer, run_dir, *args, **kwargs):
   tree does not match the model's (see ``tree_mismatch``)."""
   try:
     return checkpointer.restore(*args, **kwargs)
+  except TreeMismatchError as error:
+    raise RunError(f"{run_dir}: {error}") from None
   except ValueError as error:
     mismatch = tree_mismatch(error)
     if mismatch is None:

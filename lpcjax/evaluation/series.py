@@ -60,9 +60,16 @@ class SeriesEvaluator:
     result = {"run": run.run_dir, "label": label, "step": 0 if options.random_init else run.step,
               "train_series": len(splits["train"]), "eval_series": len(splits["eval"])}
 
+    # Every forward pass has this many series (the last ones padded): one compilation for both
+    # splits and every probe, not one per split size and remainder.
+    width = min(options.feature_batch, max(len(splits["train"]), len(splits["eval"])))
+
     def features(x):
-      out = [jax.device_get(encode(variables, x[i:i + options.feature_batch]))
-             for i in range(0, len(x), options.feature_batch)]
+      out = []
+      for i in range(0, len(x), width):
+        chunk = x[i:i + width]
+        padded = np.concatenate([chunk, np.zeros((width - len(chunk), *chunk.shape[1:]), chunk.dtype)])
+        out.append({k: v[:len(chunk)] for k, v in jax.device_get(encode(variables, padded)).items()})
       return {name: np.concatenate([o[name] for o in out]) for name in ("cls", "tokens", "token_valid", "memories")}
 
     probes = set(options.probes.split(","))

@@ -23,8 +23,9 @@ def _run_parser(add_help):
   runs.add_argument("--compare", nargs="+", help="several run directories, overlaid")
   parser.add_argument("--out", default=None, help="output folder (default: RUN/eval)")
   parser.add_argument("--tokenizer-file", default=None,
-                      help="tiktoken rank file of the GPT-2 tokenizer, instead of the one the run "
-                           "recorded (default: the run's, else $LPCJAX_TIKTOKEN_FILE, else download)")
+                      help="tiktoken rank file of the GPT-2 tokenizer, instead of the one the "
+                           "run recorded (default: the run's, else $LPCJAX_TIKTOKEN_FILE, else "
+                           "download)")
   return parser
 
 

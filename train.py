@@ -51,9 +51,10 @@ def _train(args):
     config = config_lib.apply_overrides(config, args.overrides)
     if args.tokenizer_file:
       if not hasattr(config.data, "tokenizer_file"):
-        raise config_lib.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no tokenizer")
-      config = dataclasses.replace(config, data=dataclasses.replace(config.data,
-                                                                    tokenizer_file=args.tokenizer_file))
+        raise config_lib.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no "
+                                     "tokenizer")
+      data = dataclasses.replace(config.data, tokenizer_file=args.tokenizer_file)
+      config = dataclasses.replace(config, data=data)
     config = dataclasses.replace(config, data=with_recorded_tokenizer(config.data))
     if args.print_config:
       print(config_lib.to_json(config))
@@ -74,7 +75,8 @@ def _main(argv):
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
   parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
   parser.add_argument("--tokenizer-file", default=None,
-                      help="tiktoken rank file of the GPT-2 tokenizer (offline use); = data.tokenizer_file")
+                      help="tiktoken rank file of the GPT-2 tokenizer (offline use); "
+                           "= data.tokenizer_file")
   resume = parser.add_mutually_exclusive_group()
   resume.add_argument("--resume", action="store_const", const=True, default=False,
                       help="continue the run's latest checkpoint (state and data order); none is an error")

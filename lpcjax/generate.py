@@ -50,7 +50,8 @@ def parse_args(argv):
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   parser.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
   parser.add_argument("--tokenizer-file", default=None,
-                      help="tiktoken rank file of the GPT-2 tokenizer, instead of the run's recorded one")
+                      help="tiktoken rank file of the GPT-2 tokenizer, instead of the run's "
+                           "recorded one")
   return parser.parse_args(argv)
 
 
@@ -72,7 +73,8 @@ def main(argv=None):
     if args.token_ids:
       prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]
     else:
-      tokenizer = load_gpt2_tokenizer(args.tokenizer_file or getattr(run.config.data, "tokenizer_file", None))
+      rank_file = args.tokenizer_file or getattr(run.config.data, "tokenizer_file", None)
+      tokenizer = load_gpt2_tokenizer(rank_file)
       texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
       prompts = [tokenizer.encode_ordinary(text) for text in texts]
     end_token = None if args.no_stop or tokenizer is None else tokenizer.eot_token

@@ -91,8 +91,8 @@ def experiment_config(model_config, name, seq_len=PAPER_CONTEXT, tokenizer_file=
   """The ExperimentConfig written beside an imported model (see the module docstring)."""
   from lpcjax.data import MQARDataConfig, TokenFileConfig, TokenizerError, load_gpt2_tokenizer
   if tokenizer_file and model_config.vocab_size < GPT2_VOCAB_SIZE:
-    raise ConvertError(f"--tokenizer-file: the model has {model_config.vocab_size} tokens, fewer than "
-                       f"GPT-2's {GPT2_VOCAB_SIZE}; it has no GPT-2 tokenizer")
+    raise ConvertError(f"--tokenizer-file: the model has {model_config.vocab_size} tokens, fewer "
+                       f"than GPT-2's {GPT2_VOCAB_SIZE}; it has no GPT-2 tokenizer")
   if tokenizer_file:
     try:  # a wrong path fails now, not at the first evaluation
       load_gpt2_tokenizer(tokenizer_file)
@@ -135,7 +135,8 @@ def write_run(out, config, params, source, force=False, source_config=None):
       checkpointer.close()
 
 
-def import_checkpoint(src, out, seq_len=PAPER_CONTEXT, dtype="float32", force=False, tokenizer_file=None):
+def import_checkpoint(src, out, seq_len=PAPER_CONTEXT, dtype="float32", force=False,
+                      tokenizer_file=None):
   """Convert the Hugging Face directory ``src`` into the lpcjax run directory ``out``.
   Returns the ExperimentConfig written."""
   fmt, model, params = load_hf(src, dtype=dtype)

@@ -18,8 +18,9 @@ END_OF_TEXT = "<|endoftext|>"
 ENV_VAR = "LPCJAX_TIKTOKEN_FILE"
 # Every command takes the same flag: the error says so rather than name a config field that
 # eval.py and generate cannot set.
-OFFLINE_HINT = ("offline, pass --tokenizer-file FILE (train.py, eval.py, python -m lpcjax.generate, "
-                f"lpcjax.data, lpcjax.convert) or set ${ENV_VAR}, FILE a tiktoken rank file "
+OFFLINE_HINT = ("offline, pass --tokenizer-file FILE (train.py, eval.py, "
+                "python -m lpcjax.generate, lpcjax.data, lpcjax.convert) or set "
+                f"${ENV_VAR}, FILE a tiktoken rank file "
                 "such as gpt2.tiktoken")
 
 

@@ -97,8 +97,8 @@ def distinct_labels(results):
   for r in results:
     if labels.count(r["label"]) > 1:
       path = os.path.normpath(r["run"])
-      parent = os.path.basename(os.path.dirname(path))
-      r["label"] = r["label"].replace(os.path.basename(path), f"{parent}/{os.path.basename(path)}", 1)
+      name, parent = os.path.basename(path), os.path.basename(os.path.dirname(path))
+      r["label"] = r["label"].replace(name, f"{parent}/{name}", 1)
 
 
 class LanguageModelEvaluator:
@@ -130,8 +130,8 @@ class LanguageModelEvaluator:
     parser.add_argument("--delayed-id-len", type=int, default=2040, help="tokens per probe prompt (paper: 2040)")
     parser.add_argument("--delayed-id-prompts", type=int, default=6, help="probe prompts (paper: 6)")
     parser.add_argument("--per-token", action="store_true",
-                        help="with --needle/--delayed-id: the per-token curve too (default: the probes alone, "
-                             "leaving per_token.json as it is)")
+                        help="with --needle/--delayed-id: the per-token curve too (default: the "
+                             "probes alone, leaving per_token.json as it is)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rolls and the needle keys")
     parser.add_argument("--window", type=int, default=64,
                         help="positions per moving-average window and per confidence-band bin")
@@ -189,14 +189,17 @@ class LanguageModelEvaluator:
     dataset = make_dataset(data_config, seed, "eval", max_examples=max_sequences)
     roll = not options.no_roll and isinstance(data_config, TokenWindowConfig)  # a text stream, not MQAR
     batches = lambda: (dataset[i] for i in range(len(dataset)))
-    totals = per_token_losses(run.model, run.params, batches(), run.mesh, logits_fn=self.sequence_logits,
-                              roll_seed=seed if roll else None, progress=options.progress,
-                              total=len(dataset), bin_width=options.window)
-    result = summarize(totals.sums, totals.counts, len(totals.sequence_means), _tokens_per_word(data_config))
-    result.update(rolled=roll, per_sequence_loss=totals.sequence_means.tolist(), band=confidence_band(totals))
+    totals = per_token_losses(run.model, run.params, batches(), run.mesh,
+                              logits_fn=self.sequence_logits, roll_seed=seed if roll else None,
+                              progress=options.progress, total=len(dataset), bin_width=options.window)
+    result = summarize(totals.sums, totals.counts, len(totals.sequence_means),
+                       _tokens_per_word(data_config))
+    result.update(rolled=roll, per_sequence_loss=totals.sequence_means.tolist(),
+                  band=confidence_band(totals))
     if isinstance(data_config, MQARDataConfig):
       predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
-      result["recall_by_distance"] = recall_by_distance(lambda x: predict(run.params, np.asarray(x)), batches())
+      predict_fn = lambda x: predict(run.params, np.asarray(x))
+      result["recall_by_distance"] = recall_by_distance(predict_fn, batches())
     return result
 
   def write(self, results, out_dir, options):

@@ -68,8 +68,9 @@ class SeriesEvaluator:
       out = []
       for i in range(0, len(x), width):
         chunk = x[i:i + width]
-        padded = np.concatenate([chunk, np.zeros((width - len(chunk), *chunk.shape[1:]), chunk.dtype)])
-        out.append({k: v[:len(chunk)] for k, v in jax.device_get(encode(variables, padded)).items()})
+        padding = np.zeros((width - len(chunk), *chunk.shape[1:]), chunk.dtype)
+        encoded = jax.device_get(encode(variables, np.concatenate([chunk, padding])))
+        out.append({name: value[:len(chunk)] for name, value in encoded.items()})
       return {name: np.concatenate([o[name] for o in out]) for name in ("cls", "tokens", "token_valid", "memories")}
 
     probes = set(options.probes.split(","))

@@ -67,7 +67,8 @@ def _key_name(key):
 def _leaf_paths(tree):
   """{('params', 'layers', ...): leaf}: Orbax's metadata keeps namedtuples as dicts, so the
   paths of the two trees are compared by name."""
-  return {tuple(_key_name(k) for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  return {tuple(_key_name(k) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def compare_trees(saved, wanted):
@@ -86,14 +87,15 @@ def compare_trees(saved, wanted):
       missing.add((first[0] != "params", ".".join(first), side))
   if missing:
     _, path, side = min(missing)
-    return (f"the checkpoint does not match the model built from config.json ({len(missing)} differing "
-            f"entries; first: {path}: {side}); was it written by another version of the model code?")
+    return (f"the checkpoint does not match the model built from config.json ({len(missing)} "
+            f"differing entries; first: {path}: {side}); was it written by another version of the "
+            "model code?")
   for path in sorted(want, key=lambda p: (p[0] != "params", p)):
     saved_shape, wanted_shape = tuple(have[path].shape), tuple(want[path].shape)
     if saved_shape != wanted_shape:
-      return (f"the checkpoint does not match the model built from config.json (an array of shape "
-              f"{saved_shape} where the model needs {wanted_shape}, {'.'.join(path)}); was it written by "
-              "another version of the model code?")
+      return (f"the checkpoint does not match the model built from config.json (an array of "
+              f"shape {saved_shape} where the model needs {wanted_shape}, {'.'.join(path)}); was "
+              "it written by another version of the model code?")
   return None
 
 
@@ -147,7 +149,7 @@ class Checkpointer:
     handler = ocp.StandardCheckpointHandler()
     try:
       saved = handler.metadata(epath.Path(self.manager.directory) / str(step) / "state")
-    except Exception:  # noqa: BLE001  no readable metadata (another Orbax layout): restore reports it
+    except Exception:  # noqa: BLE001  no readable metadata (another layout): restore reports it
       return
     finally:
       handler.close()

@@ -249,4 +249,5 @@ def test_import_then_export_keeps_every_source_key_and_ordinary_permissions(tmp_
     assert path.stat().st_mode & 0o777 == 0o777 & ~umask
   for path in (out / "config.json", out / "model.safetensors", run / "config.json"):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
-  assert convert_main([str(hf), str(tmp_path / "mqar"), "--tokenizer-file", str(tmp_path / "none")]) == 2
+  missing = str(tmp_path / "none")
+  assert convert_main([str(hf), str(tmp_path / "again"), "--tokenizer-file", missing]) == 2

@@ -36,13 +36,14 @@ def test_a_token_file_run_finds_its_tokenizer_offline(shared_data, tmp_path, off
   assert meta["tokenizer_file"] == str(rank_file)  # the token file says where its tokenizer is
   from lpcjax.generate import main as generate
   train, evaluate = cli("train"), cli("eval")
-  assert train(["--config", "fox_tiny_text", "data.kind=tokens", f"data.train_tokens={tmp_path / 'tokens'}",
+  tokens = f"data.train_tokens={tmp_path / 'tokens'}"
+  assert train(["--config", "fox_tiny_text", "data.kind=tokens", tokens,
                 *tiny_text_run(tmp_path, "train.run_name=tokens")]) == 0
   run = tmp_path / "tokens"
   saved = json.load(open(run / "config.json"))["data"]
   assert saved["tokenizer_file"] == str(rank_file)  # recorded from the token file's metadata
-  out = tmp_path / "eval"
-  assert evaluate(["--run", str(run), "--out", str(out), "--max-sequences", "1", "--eval-len", "32"]) == 0
+  out = ["--out", str(tmp_path / "eval"), "--max-sequences", "1", "--eval-len", "32"]
+  assert evaluate(["--run", str(run), *out]) == 0
   assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2"]) == 0
 
   os.remove(rank_file)  # the run moved to another machine: the recorded file is gone
@@ -54,12 +55,11 @@ def test_a_token_file_run_finds_its_tokenizer_offline(shared_data, tmp_path, off
   given = str(shared_data / "gpt2.tiktoken")
   assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2",
                    "--tokenizer-file", given]) == 0
-  assert evaluate(["--run", str(run), "--out", str(out), "--max-sequences", "1", "--eval-len", "32",
-                   "--tokenizer-file", given]) == 0
+  assert evaluate(["--run", str(run), *out, "--tokenizer-file", given]) == 0
 
 
-def test_train_takes_the_tokenizer_file_and_the_environment_variable(shared_data, tmp_path, offline,
-                                                                      monkeypatch, capsys):
+def test_train_takes_the_tokenizer_file_and_the_environment_variable(shared_data, tmp_path,
+                                                                      offline, monkeypatch, capsys):
   train = cli("train")
   essay = str(shared_data / "paul_graham_essays" / "addiction.txt")
   rank_file = str(shared_data / "gpt2.tiktoken")

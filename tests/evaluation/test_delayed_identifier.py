@@ -79,7 +79,8 @@ def test_eval_delayed_id_on_an_lpcsm_run(shared_data, tmp_path, capsys):
   assert cli("eval")(["--run", str(run_dir), "--delayed-id", "--delayed-id-len", "150", "--delayed-id-prompts", "2",
                       "--haystack", essay, *out]) == 0
   printed = capsys.readouterr().out
-  assert "delayed identifier (2 prompts of 150 tokens): key CE" in printed and "probes only" in printed
+  assert "delayed identifier (2 prompts of 150 tokens): key CE" in printed
+  assert "probes only" in printed
   assert (tmp_path / "e" / "per_token.json").read_text() == curve  # the probe ran alone
   probe = json.load(open(tmp_path / "e" / "probes.json"))["delayed_identifier"]
   assert probe["prompt_len"] == 150 and len(probe["cued"]["per_prompt"]) == 2  # 150: padded to 160

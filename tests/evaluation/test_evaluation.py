@@ -116,7 +116,8 @@ def test_compare_overlays_runs(runs, tmp_path):
   assert (tmp_path / "perplexity_vs_context.png").exists()
 
 
-def test_compared_runs_of_one_model_are_told_apart_and_keep_the_evaluated_x_axis(runs, tmp_path, monkeypatch):
+def test_compared_runs_of_one_model_are_told_apart_and_keep_the_evaluated_x_axis(runs, tmp_path,
+                                                                                  monkeypatch):
   """Two runs of the same model (here: copies of one run, in folders 'fox' and 'b/fox') get
   different labels in compare.json, the legend and the console; a run that claims a 16k training
   length (a converted run) does not stretch the x-axis past the evaluated 64 positions."""
@@ -135,9 +136,11 @@ def test_compared_runs_of_one_model_are_told_apart_and_keep_the_evaluated_x_axis
     finish_plot(fig, ax, path, *args)
   finish_plot = plots.finish_plot
   monkeypatch.setattr(plots, "finish_plot", finish)
-  LanguageModelEvaluator().write(results, str(tmp_path / "out"), evaluator_options(LanguageModelEvaluator()))
+  evaluator = LanguageModelEvaluator()
+  evaluator.write(results, str(tmp_path / "out"), evaluator_options(evaluator))
   labels = [r["label"] for r in json.load(open(tmp_path / "out" / "compare.json"))]
-  assert len(set(labels)) == 3 and labels[0].startswith("a/fox (fox, ") and labels[1].startswith("b/fox (")
+  assert len(set(labels)) == 3
+  assert labels[0].startswith("a/fox (fox, ") and labels[1].startswith("b/fox (")
   assert [LanguageModelEvaluator().report(r)[0].split(":")[0] for r in results] == labels
   assert limits["per_token_loss.png"][1] < 100
 

@@ -60,7 +60,8 @@ def test_pretrain_then_probe(pretrained, tmp_path, capsys):
   assert "linear probe, 25% labels" in capsys.readouterr().out
 
   random_out = tmp_path / "random"
-  assert evaluate(["--run", str(pretrained / "runs" / "pmt"), "--out", str(random_out), "--random-init",
+  run = str(pretrained / "runs" / "pmt")
+  assert evaluate(["--run", run, "--out", str(random_out), "--random-init",
                    "--probes", "linear", *options]) == 0
   (random,) = json.load(open(random_out / "series_probes.json"))
   assert random["step"] == 0 and "random init" in random["label"] and "cue" not in random

@@ -142,7 +142,8 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   assert "prompt token ids must be in" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("text", ["He said \u201cyes\u201d.", "caf\u00e9 \U0001f600\U0001f44d\U0001f3fd ok",
+@pytest.mark.parametrize("text", ["He said \u201cyes\u201d.",
+                                  "caf\u00e9 \U0001f600\U0001f44d\U0001f3fd ok",
                                   "\u65e5\u672c\u8a9e\u306e\u6587\u7ae0 \u2014 done"])
 def test_streamed_text_is_what_batch_decoding_prints(shared_data, text):
   """A character split across GPT-2 tokens streams whole (it once printed as U+FFFD twice)."""

@@ -13,7 +13,8 @@ from lpcjax import models
 from lpcjax.losses import masked_cross_entropy
 from lpcjax.training import TrainingError, create_train_state, decay_mask, has_checkpoint, train, train_step
 
-from conftest import REPO, cli, ctrl_c_swallowed_by_the_interpreter, sigterm_after_rows, tiny_experiment
+from conftest import (REPO, cli, ctrl_c_swallowed_by_the_interpreter, sigterm_after_rows,
+                      tiny_experiment)
 
 
 def one_device():
@@ -258,20 +259,23 @@ def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_run(capsys):
   assert "Traceback" not in err and "Exception ignored" not in err
 
 
-def test_a_run_stopped_short_exits_130_and_a_short_run_shrinks_its_warm_up(tmp_path, monkeypatch, capsys):
+def test_a_run_stopped_short_exits_130_and_a_short_run_shrinks_its_warm_up(tmp_path, monkeypatch,
+                                                                             capsys):
   """`train.py && eval.py` must not evaluate half a run: a stop before train.steps exits 130
   with one line; train.steps=4 on the MQAR recipe (warm-up 100) is a smoke test, not an error."""
   train_cli = cli("train")
-  args = ["model.vocab_size=64", "data.mqar_vocab_size=64", "data.mqar_num_pairs=4", "data.seq_len=32",
-          "data.batch_size=8", "model.d_model=32", "model.mlp_multiple_of=32", "train.steps=4",
-          "train.log_every=1", "train.eval_batches=1", f"train.run_dir={tmp_path}", "train.run_name=short"]
+  args = ["model.vocab_size=64", "data.mqar_vocab_size=64", "data.mqar_num_pairs=4",
+          "data.seq_len=32", "data.batch_size=8", "model.d_model=32", "model.mlp_multiple_of=32",
+          "train.steps=4", "train.log_every=1", "train.eval_batches=1", f"train.run_dir={tmp_path}",
+          "train.run_name=short"]
   with monkeypatch.context() as patch:
     sigterm_after_rows(patch, rows=2)
     assert train_cli(args) == 130
   err = capsys.readouterr().err.strip().splitlines()
-  assert err[0] == ("note: train.steps=4 is shorter than the warm-up of 100 steps: train.warmup_steps=0 "
-                    "(set it to choose another)")
-  assert err[-1] == "stopped by a signal at step 2, before train.steps: checkpoint saved; continue with --resume"
+  assert err[0] == ("note: train.steps=4 is shorter than the warm-up of 100 steps: "
+                    "train.warmup_steps=0 (set it to choose another)")
+  assert err[-1] == ("stopped by a signal at step 2, before train.steps: checkpoint saved; "
+                     "continue with --resume")
   assert json.load(open(tmp_path / "short" / "config.json"))["train"]["warmup_steps"] == 0
   assert train_cli([*args, "--resume"]) == 0
   assert train_cli([*args, "--resume"]) == 0  # nothing to train is not a failure

@@ -160,6 +160,8 @@ class Checkpointer:
   def close(self):
     """Wait for pending saves and release the manager; closing twice is harmless."""
     if self.manager is not None:
-      self.manager.wait_until_finished()
-      self.manager.close()
-      self.manager = None
+      manager, self.manager = self.manager, None
+      try:
+        manager.wait_until_finished()
+      finally:  # a failed save still releases the manager's threads
+        manager.close()

@@ -22,6 +22,10 @@ def _run_parser(add_help):
   runs.add_argument("--run", help="a run directory (config.json + checkpoints/)")
   runs.add_argument("--compare", nargs="+", help="several run directories, overlaid")
   parser.add_argument("--out", default=None, help="output folder (default: RUN/eval)")
+  parser.add_argument("--tokenizer-file", default=None,
+                      help="tiktoken rank file of the GPT-2 tokenizer, instead of the one the "
+                           "run recorded (default: the run's, else $LPCJAX_TIKTOKEN_FILE, else "
+                           "download)")
   return parser
 
 
@@ -50,7 +54,8 @@ def _evaluate(argv, run_dirs):
   parser = _run_parser(add_help=True)
   evaluators[0].add_arguments(parser)
   args = parser.parse_args(argv)
-  results = [evaluator.evaluate(load_run(run), args) for evaluator, run in zip(evaluators, run_dirs)]
+  results = [evaluator.evaluate(load_run(run, tokenizer_file=args.tokenizer_file), args)
+             for evaluator, run in zip(evaluators, run_dirs)]
   if interrupts.requested():
     raise KeyboardInterrupt
   out = args.out or os.path.join(run_dirs[0], "eval")

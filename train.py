@@ -5,13 +5,22 @@
   python train.py --config paper:fox_125m data.kind=tokens data.train_tokens=data/train
   python train.py --config ... train.run_name=NAME --resume     # continue NAME's latest checkpoint
   python train.py --config ... train.init_from=runs/A[:STEP]   # a new run from run A's weights
+  python train.py --config fox_tiny_text --tokenizer-file gpt2.tiktoken data.train_files=book.txt
 
-Any config field can be overridden as section.field=value (see lpcjax/config.py). Several
+Any config field can be overridden as section.field=value (see lpcjax/config.py). The GPT-2
+tokenizer comes from --tokenizer-file (= data.tokenizer_file), else $LPCJAX_TIKTOKEN_FILE, else
+(token files) the rank file the token file was prepared with, else tiktoken's download; the run
+records the file in its config.json, so eval.py and generate find it offline. Several
 processes (multi-host): set LPCJAX_DISTRIBUTED=1 (or run under a launcher that sets up
 jax.distributed's environment) and start the same command on every host.
+
+Exit status: 0 when the run reached train.steps (or already had: nothing to train); 2 for bad
+input (one line on stderr, nothing written); 130 when SIGINT/SIGTERM stopped it before
+train.steps (a checkpoint of the last step is kept; continue with --resume).
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,6 +28,7 @@ import sys
 from lpcjax import cli, interrupts  # standard library only: JAX is imported later, inside main
 
 DEFAULT_CONFIG = "fox_tiny_mqar"
+EXIT_STOPPED = 130  # stopped by SIGINT/SIGTERM before train.steps (also: before training started)
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
@@ -29,10 +39,16 @@ def _train(args):
     jax.distributed.initialize()  # coordinator, process count and id from the environment
 
   from lpcjax import experiment
+  from lpcjax.data import with_recorded_tokenizer
   from lpcjax.training import train
 
   config = experiment.load_experiment(args.config, CONFIG_DIR)
   config = experiment.apply_overrides(config, args.overrides)
+  if args.tokenizer_file:
+    if not hasattr(config.data, "tokenizer_file"):
+      raise experiment.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no tokenizer")
+    config = dataclasses.replace(config, data=dataclasses.replace(config.data, tokenizer_file=args.tokenizer_file))
+  config = dataclasses.replace(config, data=with_recorded_tokenizer(config.data))
   if args.print_config:
     print(experiment.to_json(config))
     return None, None
@@ -49,6 +65,9 @@ def _main(argv):
   parser.add_argument("--config", default=DEFAULT_CONFIG,
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
   parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+  parser.add_argument("--tokenizer-file", default=None,
+                      help="tiktoken rank file of the GPT-2 tokenizer (offline use); "
+                           "= data.tokenizer_file")
   resume = parser.add_mutually_exclusive_group()
   resume.add_argument("--resume", action="store_const", const=True, default=False,
                       help="continue the run's latest checkpoint (state and data order); none is an error")
@@ -61,7 +80,7 @@ def _main(argv):
     outcome = cli.exit_status(lambda: _train(args))
   except KeyboardInterrupt:  # only before the trainer starts: from then on a stop is graceful
     print("error: interrupted before training started; nothing was written", file=sys.stderr)
-    return 130
+    return EXIT_STOPPED
   if outcome == cli.USAGE_ERROR:
     return outcome
   run_dir, summary = outcome
@@ -71,14 +90,18 @@ def _main(argv):
     print(f"{run_dir} is already at step {summary['step']} = train.steps: nothing to train "
           "(raise train.steps to train on)")
     return 0
+  # A run that stopped short of train.steps is not a success: `train.py && eval.py` must not
+  # evaluate half a run. EXIT_STOPPED, as a shell reports a Ctrl-C, whichever signal it was.
   if summary["preempted"] and not os.path.isdir(run_dir):  # stopped before the first step
     print("stopped by a signal before the first step: nothing trained, nothing kept; run the same command "
           "again to start", file=sys.stderr)
-    return 0
+    return EXIT_STOPPED
   print(json.dumps(summary, indent=2))
-  if summary["preempted"]:
-    print(f"stopped by a signal: checkpoint at step {summary['step']}; continue with --resume", file=sys.stderr)
   print(f"run directory: {run_dir}")
+  if summary["preempted"]:
+    print(f"stopped by a signal at step {summary['step']}, before train.steps: checkpoint saved; "
+          "continue with --resume", file=sys.stderr)
+    return EXIT_STOPPED
   return 0
 
 

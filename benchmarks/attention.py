@@ -6,8 +6,8 @@ that), and the compiled executable's memory (XLA memory analysis: temporaries + 
 outputs of forward+backward). Ratios between rows come from the same run.
 
 Candidates: lpcjax pallas / triton (jax-triton) / xla / reference backends;
-``dot_product_attention_bias``: jax.nn.dot_product_attention with the decay bias materialized as a [B, H, T, T] array (cuDNN
-where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal flash attention without any bias
+``dot_product_attention_bias``: jax.nn.dot_product_attention with the decay bias materialized
+as a [B, H, T, T] array (cuDNN where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal flash attention without any bias
 and with lpcjax's tiles where it allows them, its own warps and stages (the cost floor the
 forget gate is measured against). On TPU: ``pallas_tpu`` (lpcjax's Mosaic kernels) and
 ``pallas_tpu_flash_nobias``, JAX's Pallas TPU causal flash attention without a bias, the floor
@@ -145,7 +145,8 @@ def main():
 
   out = args.out or os.path.join(os.path.dirname(__file__), "results", f"attention_{jax.default_backend()}.json")
   rows = []
-  header = f"{'D':>4} {'T':>6} {'candidate':>28} {'fwd ms':>9} {'fwd TF/s':>9} {'f+b ms':>9} {'f+b TF/s':>9} {'mem MiB':>9}"
+  header = (f"{'D':>4} {'T':>6} {'candidate':>28} {'fwd ms':>9} {'fwd TF/s':>9} {'f+b ms':>9} {'f+b TF/s':>9} "
+            f"{'mem MiB':>9}")
   print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  dtype {args.dtype}")
   print(header)
   for head_dim in args.head_dims:

@@ -16,7 +16,7 @@ from typing import ClassVar, Optional
 from lpcjax.errors import ConfigError
 
 __all__ = ["ConfigError", "DataConfig", "TrainConfig", "replace_fields", "require", "require_choice",
-           "field_types", "switch_class"]
+           "field_types", "parse_value", "switch_class"]
 
 
 def require(condition, field, message):
@@ -110,16 +110,16 @@ class TrainConfig:
 # ----------------------------------------------------------------------------- overrides
 
 
-def _parse_value(text, annotation, field):
+def parse_value(text, annotation, field):
   origin = typing.get_origin(annotation)
   args = typing.get_args(annotation)
   if origin in (typing.Union, types.UnionType):
     if text.lower() in ("none", "null") and type(None) in args:
       return None
     (inner,) = [a for a in args if a is not type(None)]
-    return _parse_value(text, inner, field)
+    return parse_value(text, inner, field)
   if origin is tuple:
-    return tuple(_parse_value(part, args[0], field) for part in text.split(",") if part)
+    return tuple(parse_value(part, args[0], field) for part in text.split(",") if part)
   if annotation is bool:
     lowered = text.lower()
     require(lowered in ("true", "false", "1", "0", "yes", "no"), field,
@@ -152,7 +152,7 @@ def replace_fields(obj, values, prefix):
     field = f"{prefix}.{key}"
     if key not in types_:
       raise ConfigError(f"{field}: unknown key for {_selector(obj)}; known keys are {sorted(types_)}")
-    parsed[key] = _parse_value(text, types_[key], field) if isinstance(text, str) else text
+    parsed[key] = parse_value(text, types_[key], field) if isinstance(text, str) else text
   return dataclasses.replace(obj, **parsed)
 
 

@@ -14,10 +14,12 @@ import dataclasses
 import importlib.util
 import json
 import os
+import sys
 import typing
 
 from lpcjax import data, models
-from lpcjax.config import ConfigError, DataConfig, TrainConfig, field_types, replace_fields, require, switch_class
+from lpcjax.config import (ConfigError, DataConfig, TrainConfig, field_types, parse_value, replace_fields, require,
+                           switch_class)
 from lpcjax.data.mqar import MQARDataConfig
 
 # ConfigError, DataConfig and TrainConfig live in the schema (lpcjax.config); re-exported so an
@@ -80,8 +82,25 @@ def apply_overrides(config, overrides):
     data = switch_kind(data, kind)
   model = replace_fields(model, sections["model"], "model")
   data = replace_fields(data, sections["data"], "data")
-  train = replace_fields(config.train, sections["train"], "train")
+  train = replace_fields(config.train, _fit_warmup(config.train, sections["train"]), "train")
   return dataclasses.replace(config, model=model, data=data, train=train, **top)
+
+
+def _fit_warmup(train, values):
+  """``train.steps=N`` below the experiment's warm-up, with no ``train.warmup_steps`` given (a
+  smoke test of a long recipe): the warm-up keeps its share of the run, with a one-line notice
+  on stderr, rather than fail validation. An explicit warm-up longer than the run still fails."""
+  if "steps" not in values or "warmup_steps" in values:
+    return values
+  steps = values["steps"]
+  if isinstance(steps, str):
+    steps = parse_value(steps, field_types(TrainConfig)["steps"], "train.steps")
+  if not 1 <= steps < train.warmup_steps:
+    return values
+  warmup = min(steps, round(train.warmup_steps * steps / train.steps))
+  print(f"note: train.steps={steps} is shorter than the warm-up of {train.warmup_steps} steps: "
+        f"train.warmup_steps={warmup} (set it to choose another)", file=sys.stderr)
+  return {**values, "warmup_steps": warmup}
 
 
 # ----------------------------------------------------------------------------- files and JSON

@@ -6,14 +6,34 @@
 
 One prompt per line in --prompts FILE (a batch, right-padded). Tokens are printed as they are
 drawn for a single prompt; a batch prints each row when done. The tokenizer is the run's GPT-2
-tokenizer (``data.tokenizer_file``, $LPCJAX_TIKTOKEN_FILE or tiktoken's download); generation
-stops at <|endoftext|> unless --no-stop.
+tokenizer: --tokenizer-file, else the rank file the run recorded (``data.tokenizer_file``), else
+$LPCJAX_TIKTOKEN_FILE, else tiktoken's download; generation stops at <|endoftext|> unless --no-stop.
 """
 
 import argparse
+import codecs
 import sys
 
 from lpcjax import cli
+
+
+class TextStream:
+  """Token ids to text as they are drawn. A character can span GPT-2 tokens (curly quotes,
+  emoji, CJK), so each token's bytes go through an incremental UTF-8 decoder that holds back an
+  unfinished character; ``flush`` ends the stream. The text is then exactly what one
+  ``tokenizer.decode`` of all the ids gives (both replace invalid bytes the same way)."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+    self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+  def __call__(self, ids):
+    tokenizer = self.tokenizer
+    data = b"".join(tokenizer.decode_single_token_bytes(t) for t in ids if t < tokenizer.n_vocab)
+    return self.utf8.decode(data)
+
+  def flush(self):
+    return self.utf8.decode(b"", final=True)
 
 
 def parse_args(argv):
@@ -31,6 +51,9 @@ def parse_args(argv):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   parser.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
+  parser.add_argument("--tokenizer-file", default=None,
+                      help="tiktoken rank file of the GPT-2 tokenizer, instead of the run's "
+                           "recorded one")
   return parser.parse_args(argv)
 
 
@@ -45,13 +68,14 @@ def main(argv=None):
 
   def generate_text():
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
-    run = load_run(args.run, step=args.step)
+    run = load_run(args.run, step=args.step, tokenizer_file=args.tokenizer_file)
     check_decodes(run.family)
     tokenizer = None
     if args.token_ids:
       prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]
     else:
-      tokenizer = load_gpt2_tokenizer(getattr(run.config.data, "tokenizer_file", None))
+      rank_file = args.tokenizer_file or getattr(run.config.data, "tokenizer_file", None)
+      tokenizer = load_gpt2_tokenizer(rank_file)
       texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
       prompts = [tokenizer.encode_ordinary(text) for text in texts]
     end_token = None if args.no_stop or tokenizer is None else tokenizer.eot_token
@@ -63,19 +87,20 @@ def main(argv=None):
     else:
       decode = lambda ids: "".join(f"{t} " for t in ids)
 
+    stream = TextStream(tokenizer) if tokenizer else decode
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
                         max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
-                        on_token=TokenPrinter(decode, sys.stdout) if len(prompts) == 1 else None)
-    return prompts, result, decode
+                        on_token=TokenPrinter(stream, sys.stdout) if len(prompts) == 1 else None)
+    return prompts, result, decode, tokenizer, stream
 
   # OSError: an unreadable --prompts file; ValueError: a --token-ids entry that is no integer.
   outcome = cli.exit_status(generate_text, OSError, ValueError)
   if outcome == cli.USAGE_ERROR:
     return outcome
-  prompts, result, decode = outcome
+  prompts, result, decode, tokenizer, stream = outcome
   if len(prompts) == 1:
-    print()
+    print(stream.flush() if tokenizer else "")
   else:
     for prompt, tokens in zip(prompts, result.tokens):
       print(f"{decode(prompt)}\u2502{decode(tokens)}")

@@ -28,6 +28,9 @@ def parse_args(argv):
                       help=f"import: the run's data.seq_len (default {PAPER_CONTEXT}, the FoX paper's context)")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="import: the model's compute dtype (params stay float32)")
+  parser.add_argument("--tokenizer-file", default=None,
+                      help="import: the tiktoken rank file of the model's GPT-2 tokenizer, "
+                           "recorded in the run so that eval.py and generate find it offline")
   parser.add_argument("--force", action="store_true", help="replace an existing OUT written by this tool")
   return parser.parse_args(argv)
 
@@ -41,7 +44,8 @@ def main(argv=None):
       hf = export_run(args.src, args.out, fmt=args.format, step=args.step, force=args.force)
       print(f"wrote {args.out} ({hf['model_type']}, {args.format} format)")
     else:
-      config = import_checkpoint(args.src, args.out, seq_len=args.seq_len, dtype=args.dtype, force=args.force)
+      config = import_checkpoint(args.src, args.out, seq_len=args.seq_len, dtype=args.dtype,
+                                 force=args.force, tokenizer_file=args.tokenizer_file)
       print(f"wrote {args.out} ({config.model.family}, {config.model.describe()}); "
             f"evaluate with: python eval.py --run {args.out} --tokens PREFIX")
     return 0

@@ -90,6 +90,19 @@ def write_model(directory, config, tensors):
             os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
 
+def _ordinary_permissions(root):
+  """mkdtemp makes its folder 0700 and some writers their files 0600 (private temporary files);
+  the finished directory gets what a plain mkdir/open would have: 0777/0666 less the umask."""
+  umask = os.umask(0)
+  os.umask(umask)
+  for folder, _, files in os.walk(root):
+    os.chmod(folder, 0o777 & ~umask)
+    for name in files:
+      path = os.path.join(folder, name)
+      if not os.path.islink(path):
+        os.chmod(path, 0o666 & ~umask)
+
+
 @contextlib.contextmanager
 def staged_directory(target, force, looks_replaceable):
   """Yield an empty temporary directory beside ``target``; on success it becomes ``target``.
@@ -110,6 +123,7 @@ def staged_directory(target, force, looks_replaceable):
   staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
   try:
     yield staging
+    _ordinary_permissions(staging)
     if os.path.lexists(target):  # move the old one aside first: target is never half written
       old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=parent)
       os.rename(target, os.path.join(old, "x"))

@@ -17,10 +17,11 @@ from .series import SeriesDataConfig, SeriesSource, read_series
 from .subsets import stratified_subset
 from .text import tokenize_files
 from .tokenizer import TokenizerError, load_gpt2_tokenizer
-from .windows import TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource
+from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource,
+                      with_recorded_tokenizer)
 
 __all__ = ["DataError", "DataKind", "MQARDataConfig", "MQARSource", "PaddedEvalSource", "SeriesDataConfig",
            "SeriesSource", "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource",
            "TokenizerError", "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator",
            "make_source", "mqar_example", "names", "prepare", "read_series", "register", "stratified_subset",
-           "tokenize_files"]
+           "tokenize_files", "with_recorded_tokenizer"]

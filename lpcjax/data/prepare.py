@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from lpcjax import cli
 
 from .errors import DataError
-from .tokenizer import END_OF_TEXT, load_gpt2_tokenizer
+from .tokenizer import END_OF_TEXT, load_gpt2_tokenizer, rank_file_in_use
 
 FORMAT_VERSION = 2  # 2: the metadata records the .bin's size and sha256
 
@@ -122,7 +122,10 @@ def prepare(out_prefix, inputs, tokenizer_file=None, progress=True):
         bar.set_postfix(tokens=total)
     meta = {**expected, "num_tokens": total, "num_documents": len(doc_starts), "num_words": words,
             "doc_starts": doc_starts, "vocab_size": tokenizer.n_vocab, "dtype": "uint16",
-            "bin_bytes": 2 * total, "bin_sha256": digest.hexdigest()}
+            "bin_bytes": 2 * total, "bin_sha256": digest.hexdigest(),
+            # where the tokenizer came from (not part of the identity: the hash is), so that a run
+            # trained on these tokens finds it offline
+            "tokenizer_file": rank_file_in_use(tokenizer_file)}
     tmp_meta = f"{meta_path}.tmp"
     with open(tmp_meta, "w") as f:
       json.dump(meta, f)

@@ -7,6 +7,7 @@ Window i of the token stream is tokens[i*S : i*S + T + 1] (stride S, default T);
 """
 
 import dataclasses
+import json
 from typing import ClassVar, Optional
 
 import numpy as np
@@ -17,7 +18,7 @@ from .errors import DataError
 from .prepare import load_token_file
 from .registry import DataKind, register
 from .text import tokenize_files
-from .tokenizer import load_gpt2_tokenizer
+from .tokenizer import load_gpt2_tokenizer, rank_file_in_use
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -53,6 +54,23 @@ class TokenFileConfig(TokenWindowConfig):
 
   train_tokens: Optional[str] = None  # prefix of PREFIX.bin/PREFIX.json
   eval_tokens: Optional[str] = None  # default: the training tokens
+
+
+def with_recorded_tokenizer(data):
+  """``data`` with ``tokenizer_file`` set to the rank file it uses, as an absolute path: its own,
+  else $LPCJAX_TIKTOKEN_FILE, else (token files) the one ``python -m lpcjax.data`` recorded. A
+  run saves it in config.json, so eval.py and generate find the tokenizer offline. Other data
+  kinds have no tokenizer and come back as they are."""
+  if not isinstance(data, TokenWindowConfig):
+    return data
+  rank_file = rank_file_in_use(data.tokenizer_file)
+  if rank_file is None and isinstance(data, TokenFileConfig) and data.train_tokens:
+    try:  # only a hint: a missing or older token file fails later, where it is read
+      with open(f"{data.train_tokens}.json") as f:
+        rank_file = json.load(f).get("tokenizer_file")
+    except (OSError, ValueError, AttributeError):
+      pass
+  return dataclasses.replace(data, tokenizer_file=rank_file)
 
 
 class TokenWindowSource:

@@ -79,10 +79,26 @@ def _token_losses(model, params, sequence_logits):
   return lambda inputs, targets: np.asarray(losses(params, inputs, targets))
 
 
-def run_label(config, params):
+def run_label(config, params, run_dir=None):
+  """'NAME (family, architecture, size)': NAME, the run directory's, tells apart two runs of one
+  model (the architecture alone read the same twice in a comparison)."""
   describe = getattr(config.model, "describe", None)
-  kind = f"{describe()}, " if describe else ""
-  return f"{config.model.family} ({kind}{num_params(params) / 1e6:.1f}M)"
+  size = f"{describe()}, " if describe else ""
+  size += f"{num_params(params) / 1e6:.1f}M"
+  if not run_dir:
+    return f"{config.model.family} ({size})"
+  return f"{os.path.basename(os.path.normpath(run_dir))} ({config.model.family}, {size})"
+
+
+def distinct_labels(results):
+  """Runs in different folders of one name (a/fox, b/fox): their labels get the parent folder
+  too, so that the legend, the console and compare.json still tell them apart."""
+  labels = [r["label"] for r in results]
+  for r in results:
+    if labels.count(r["label"]) > 1:
+      path = os.path.normpath(r["run"])
+      name, parent = os.path.basename(path), os.path.basename(os.path.dirname(path))
+      r["label"] = r["label"].replace(name, f"{parent}/{name}", 1)
 
 
 class LanguageModelEvaluator:
@@ -113,6 +129,9 @@ class LanguageModelEvaluator:
                         help="run the delayed-identifier probe (key cross-entropy after a long distractor)")
     parser.add_argument("--delayed-id-len", type=int, default=2040, help="tokens per probe prompt (paper: 2040)")
     parser.add_argument("--delayed-id-prompts", type=int, default=6, help="probe prompts (paper: 6)")
+    parser.add_argument("--per-token", action="store_true",
+                        help="with --needle/--delayed-id: the per-token curve too (default: the "
+                             "probes alone, leaving per_token.json as it is)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rolls and the needle keys")
     parser.add_argument("--window", type=int, default=64,
                         help="positions per moving-average window and per confidence-band bin")
@@ -133,21 +152,17 @@ class LanguageModelEvaluator:
     max_sequences = options.max_sequences
     if max_sequences is None and isinstance(data_config, MQARDataConfig):
       max_sequences = GENERATED_SEQUENCES
-    dataset = make_dataset(data_config, seed, "eval", max_examples=max_sequences)
-    roll = not options.no_roll and isinstance(data_config, TokenWindowConfig)  # a text stream, not MQAR
-    batches = lambda: (dataset[i] for i in range(len(dataset)))
+    # A probe flag runs that probe alone: the per-token pass over the data takes minutes and its
+    # results stay as they are (per_token.json is not rewritten); --per-token runs both.
+    probes_only = (options.needle or options.delayed_id) and not options.per_token
+    label = run_label(config, run.params, run.run_dir)
     with jax.set_mesh(mesh), nn.logical_axis_rules(run.rules):
-      totals = per_token_losses(run.model, run.params, batches(), mesh, logits_fn=self.sequence_logits,
-                                roll_seed=seed if roll else None, progress=options.progress,
-                                total=len(dataset), bin_width=options.window)
-      result = summarize(totals.sums, totals.counts, len(totals.sequence_means), _tokens_per_word(data_config))
-      result.update(run=os.path.abspath(run.run_dir), label=run_label(config, run.params), train_len=train_len,
-                    family=config.model.family, data_kind=data_config.kind, rolled=roll,
-                    per_sequence_loss=totals.sequence_means.tolist(), band=confidence_band(totals))
+      result = {"probes_only": True} if probes_only else self._per_token(run, options, data_config,
+                                                                          max_sequences)
+      result.update(run=os.path.abspath(run.run_dir), label=label, train_len=train_len,
+                    family=config.model.family, data_kind=data_config.kind)
       predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
       predict_fn = lambda x: predict(run.params, np.asarray(x))
-      if isinstance(data_config, MQARDataConfig):
-        result["recall_by_distance"] = recall_by_distance(predict_fn, batches())
       tokenizer = None
       if options.needle or options.delayed_id:
         tokenizer = load_gpt2_tokenizer(getattr(data_config, "tokenizer_file", None))
@@ -168,15 +183,37 @@ class LanguageModelEvaluator:
           result[key] = {"lengths": list(lengths), "depths": list(NEEDLE_DEPTHS), "accuracy": grid.tolist()}
     return result
 
+  def _per_token(self, run, options, data_config, max_sequences):
+    """The per-token loss curve and its summaries over the evaluation data (MQAR: recall too)."""
+    seed = options.seed
+    dataset = make_dataset(data_config, seed, "eval", max_examples=max_sequences)
+    roll = not options.no_roll and isinstance(data_config, TokenWindowConfig)  # a text stream, not MQAR
+    batches = lambda: (dataset[i] for i in range(len(dataset)))
+    totals = per_token_losses(run.model, run.params, batches(), run.mesh,
+                              logits_fn=self.sequence_logits, roll_seed=seed if roll else None,
+                              progress=options.progress, total=len(dataset), bin_width=options.window)
+    result = summarize(totals.sums, totals.counts, len(totals.sequence_means),
+                       _tokens_per_word(data_config))
+    result.update(rolled=roll, per_sequence_loss=totals.sequence_means.tolist(),
+                  band=confidence_band(totals))
+    if isinstance(data_config, MQARDataConfig):
+      predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
+      predict_fn = lambda x: predict(run.params, np.asarray(x))
+      result["recall_by_distance"] = recall_by_distance(predict_fn, batches())
+    return result
+
   def write(self, results, out_dir, options):
-    """per_token.json (compare.json for several runs), written atomically, and the PNG plots."""
+    """per_token.json (compare.json for several runs), written atomically, and the PNG plots;
+    probes alone (a probe flag without --per-token) go to probes.json (compare_probes.json)."""
+    probes_only = any(r.get("probes_only") for r in results)
     name = "per_token.json" if len(results) == 1 else "compare.json"
+    if probes_only:
+      name = "probes.json" if len(results) == 1 else "compare_probes.json"
+    distinct_labels(results)
     write_json_atomic(os.path.join(out_dir, name), results if len(results) > 1 else results[0])
     runs = [(r["label"], r, r["train_len"]) for r in results]
-    plot_per_token(runs, os.path.join(out_dir, "per_token_loss.png"), window=options.window, log_x=options.log_x)
-    plot_perplexity(runs, os.path.join(out_dir, "perplexity_vs_context.png"))
-    if all("recall_by_distance" in r for r in results):
-      plot_recall(runs, os.path.join(out_dir, "recall_by_distance.png"))
+    if not probes_only:
+      self._plot_curves(runs, out_dir, options)
     for r in results:
       for key, how in (("needle", "teacher-forced"), ("needle_generated", "generated")):
         if key in r:
@@ -184,21 +221,40 @@ class LanguageModelEvaluator:
           plot_needle(np.array(r[key]["accuracy"]), r[key]["lengths"], r[key]["depths"],
                       os.path.join(out_dir, f"{key}{suffix}.png"), title=f"Needle in a haystack ({how}): {r['label']}")
 
+  def _plot_curves(self, runs, out_dir, options):
+    plot_per_token(runs, os.path.join(out_dir, "per_token_loss.png"), window=options.window, log_x=options.log_x)
+    plot_perplexity(runs, os.path.join(out_dir, "perplexity_vs_context.png"))
+    if all("recall_by_distance" in r for _, r, _ in runs):
+      plot_recall(runs, os.path.join(out_dir, "recall_by_distance.png"))
+
   def report(self, result):
     """Lines for the terminal."""
+    if result.get("probes_only"):
+      lines = [f"{result['label']}: probes only (--per-token adds the per-token curve)"]
+      return lines + self._probe_lines(result)
     by_length = ", ".join(f"L={k}: {v['loss']:.3f}" for k, v in result["by_context_length"].items()
                           if v["loss"] is not None)
     word = f", word perplexity {result['word_perplexity']:.1f}" if result.get("word_perplexity") else ""
     lines = [f"{result['label']}: mean loss {result['mean_loss']:.4f}, perplexity {result['perplexity']:.2f}"
              f"{word} over {result['num_sequences']} sequences",
              f"  mean loss over the first L tokens: {by_length}"]
+    lines += self._probe_lines(result)
+    if "recall_by_distance" in result:
+      lines.append("  recall by key-query distance: " + ", ".join(
+          f"{bucket}+: {cell['accuracy']:.1%} (n={cell['count']})"
+          for bucket, cell in result["recall_by_distance"].items()))
+    return lines
+
+  def _probe_lines(self, result):
+    lines = []
     if "delayed_identifier" in result:
       probe = result["delayed_identifier"]
       lines.append(f"  delayed identifier ({probe['prompts']} prompts of {probe['prompt_len']} tokens): key CE "
                    f"{probe['cued']['key_ce']:.3f} ± {probe['cued']['key_ce_std']:.3f} "
                    f"(control, header names another id: {probe['control']['key_ce']:.3f})")
-    if "recall_by_distance" in result:
-      lines.append("  recall by key-query distance: " + ", ".join(
-          f"{bucket}+: {cell['accuracy']:.1%} (n={cell['count']})" for bucket, cell in result["recall_by_distance"].items()))
+    for key, how in (("needle", "teacher-forced"), ("needle_generated", "generated")):
+      if key in result:
+        accuracy = float(np.mean(result[key]["accuracy"]))
+        lines.append(f"  needle in a haystack ({how}): mean exact-match accuracy {accuracy:.1%}")
     return lines
 

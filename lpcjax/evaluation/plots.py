@@ -49,7 +49,7 @@ def plot_per_token(runs, path, window=64, log_x=False):
                                for k in ("centers", "mean", "stderr"))
       ax.fill_between(centers, mean - stderr, mean + stderr, color=line.get_color(), alpha=0.2, linewidth=0,
                       step="mid")
-    if train_len:
+    if train_len and train_len <= len(curve):  # a converted run's nominal 16k would set the x-axis
       ax.axvline(train_len, color=line.get_color(), linestyle=":", linewidth=1)
   if not drawn:
     plt.close(fig)

@@ -8,11 +8,14 @@ that name them, and are handed a ``LoadedRun``.
 
 import argparse
 import dataclasses
+import os
 
 import flax.linen as nn
 import jax
 
 from lpcjax import models
+from lpcjax.data import with_recorded_tokenizer
+from lpcjax.data.tokenizer import ENV_VAR
 from lpcjax.sharding import make_mesh, rules_from_config
 from lpcjax.training.runs import RunError, read_config, restore_state
 
@@ -40,15 +43,32 @@ class LoadedRun:
     return {"params": self.params, **self.mutable}
 
 
-def load_run(run_dir, mesh=None, step=None):
+def with_tokenizer(config, tokenizer_file=None):
+  """``config`` with the tokenizer its evaluation and generation use: ``tokenizer_file`` (a
+  command's --tokenizer-file) over the run's recorded one; a recorded file that is gone (the run
+  came from another machine) gives way to $LPCJAX_TIKTOKEN_FILE; a run that recorded none, to
+  what ``with_recorded_tokenizer`` finds. Data kinds without a tokenizer are left as they are."""
+  data = config.data
+  if not hasattr(data, "tokenizer_file"):
+    return config
+  chosen = tokenizer_file or data.tokenizer_file
+  if not tokenizer_file and chosen and not os.path.isfile(chosen) and os.environ.get(ENV_VAR):
+    chosen = None
+  data = with_recorded_tokenizer(dataclasses.replace(data, tokenizer_file=chosen))
+  return dataclasses.replace(config, data=data)
+
+
+def load_run(run_dir, mesh=None, step=None, tokenizer_file=None):
   """A LoadedRun of ``run_dir``'s checkpoint ``step`` (default: the latest), restored onto
-  ``mesh`` (default: every local device on the data axis) under the run's logical rules."""
+  ``mesh`` (default: every local device on the data axis) under the run's logical rules;
+  ``tokenizer_file`` replaces the run's recorded rank file (see ``with_tokenizer``)."""
   config = read_config(run_dir)
   if mesh is None:
     mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1))
   rules = rules_from_config(config.train)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     config, family, model, state = restore_state(run_dir, mesh, rules, step)
+  config = with_tokenizer(config, tokenizer_file)
   return LoadedRun(run_dir, config, family, model, state.params, state.mutable, mesh, rules, int(state.step))
 
 

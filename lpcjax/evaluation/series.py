@@ -59,9 +59,17 @@ class SeriesEvaluator:
     result = {"run": run.run_dir, "label": label, "step": 0 if options.random_init else run.step,
               "train_series": len(splits["train"]), "eval_series": len(splits["eval"])}
 
+    # Every forward pass has this many series (the last ones padded): one compilation for both
+    # splits and every probe, not one per split size and remainder.
+    width = min(options.feature_batch, max(len(splits["train"]), len(splits["eval"])))
+
     def features(x):
-      out = [jax.device_get(encode(variables, x[i:i + options.feature_batch]))
-             for i in range(0, len(x), options.feature_batch)]
+      out = []
+      for i in range(0, len(x), width):
+        chunk = x[i:i + width]
+        padding = np.zeros((width - len(chunk), *chunk.shape[1:]), chunk.dtype)
+        encoded = jax.device_get(encode(variables, np.concatenate([chunk, padding])))
+        out.append({name: value[:len(chunk)] for name, value in encoded.items()})
       return {name: np.concatenate([o[name] for o in out]) for name in ("cls", "tokens", "token_valid", "memories")}
 
     probes = set(options.probes.split(","))

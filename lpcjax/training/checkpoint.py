@@ -14,6 +14,7 @@ import re
 import grain
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 
 def checkpoint_dir(run_dir):
@@ -50,6 +51,52 @@ def tree_mismatch(error):
           "the model has no such entry" if model_missing else "its shape or type differs")
   return (f"the checkpoint does not match the model built from config.json ({len(found)} differing entries; first: "
           f"{path}: {side}); was it written by another version of the model code?")
+
+
+class TreeMismatchError(ValueError):
+  """The saved state's tree differs from the model's; the message is one line."""
+
+
+def _key_name(key):
+  for attribute in ("key", "idx", "name"):  # DictKey, SequenceKey, GetAttrKey (namedtuples)
+    if hasattr(key, attribute):
+      return str(getattr(key, attribute))
+  return str(key)
+
+
+def _leaf_paths(tree):
+  """{('params', 'layers', ...): leaf}: Orbax's metadata keeps namedtuples as dicts, so the
+  paths of the two trees are compared by name."""
+  return {tuple(_key_name(k) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def compare_trees(saved, wanted):
+  """A one-line description of how the ``saved`` tree (shapes) differs from the ``wanted`` one,
+  or None: the first missing subtree (params first), else the first array of another shape."""
+  have, want = _leaf_paths(saved), _leaf_paths(wanted)
+  prefixes = lambda paths: {path[:i] for path in paths for i in range(1, len(path) + 1)}
+  have_prefixes, want_prefixes = prefixes(have), prefixes(want)
+  missing = set()
+  for paths, others, side in ((want, have_prefixes, "the checkpoint lacks it"),
+                              (have, want_prefixes, "the model has no such entry")):
+    for path in paths:
+      if path in others:
+        continue
+      first = next(path[:i] for i in range(1, len(path) + 1) if path[:i] not in others)
+      missing.add((first[0] != "params", ".".join(first), side))
+  if missing:
+    _, path, side = min(missing)
+    return (f"the checkpoint does not match the model built from config.json ({len(missing)} "
+            f"differing entries; first: {path}: {side}); was it written by another version of the "
+            "model code?")
+  for path in sorted(want, key=lambda p: (p[0] != "params", p)):
+    saved_shape, wanted_shape = tuple(have[path].shape), tuple(want[path].shape)
+    if saved_shape != wanted_shape:
+      return (f"the checkpoint does not match the model built from config.json (an array of "
+              f"shape {saved_shape} where the model needs {wanted_shape}, {'.'.join(path)}); was "
+              "it written by another version of the model code?")
+  return None
 
 
 def _saved_fields(state):
@@ -89,14 +136,32 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           abstract_state, shardings)
+    self._check_tree(step, _saved_fields(target))
     items = {"state": ocp.args.StandardRestore(_saved_fields(target))}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     return target.replace(**self.manager.restore(step, args=ocp.args.Composite(**items))["state"])
 
+  def _check_tree(self, step, wanted):
+    """TreeMismatchError before any array is read: a restore that fails half-way leaves Orbax's
+    TensorStore reads running against a closed event loop, and their errors surface later, in
+    whatever code runs next, as page-long 'Exception ignored' tracebacks."""
+    handler = ocp.StandardCheckpointHandler()
+    try:
+      saved = handler.metadata(epath.Path(self.manager.directory) / str(step) / "state")
+    except Exception:  # noqa: BLE001  no readable metadata (another layout): restore reports it
+      return
+    finally:
+      handler.close()
+    mismatch = compare_trees(getattr(saved, "tree", saved), wanted)
+    if mismatch:
+      raise TreeMismatchError(mismatch)
+
   def close(self):
     """Wait for pending saves and release the manager; closing twice is harmless."""
     if self.manager is not None:
-      self.manager.wait_until_finished()
-      self.manager.close()
-      self.manager = None
+      manager, self.manager = self.manager, None
+      try:
+        manager.wait_until_finished()
+      finally:  # a failed save still releases the manager's threads
+        manager.close()

@@ -201,7 +201,8 @@ class TrainingLoop:
   ``train.steps``."""
 
   def __init__(self, config, family, data, run_dir, stop, start):
-    self.config, self.family, self.data, self.run_dir, self.stop, self.start = config, family, data, run_dir, stop, start
+    self.config, self.family, self.data = config, family, data
+    self.run_dir, self.stop, self.start = run_dir, stop, start
     self.checkpointer, self.saved_step, self.trained, self.preempted = None, start, False, False
 
   def _stop_for_nonfinite(self):  # returns the latest checkpoint step, which stays the latest

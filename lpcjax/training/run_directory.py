@@ -49,6 +49,8 @@ def check_resumable(run_dir, config):
   now = experiment.to_dict(config)
   for section in ("model", "data"):
     for key in sorted(set(saved[section]) | set(now[section])):
+      if (section, key) == ("data", "tokenizer_file"):
+        continue  # where the rank file lives may change between machines (runs record it now)
       old, new = saved[section].get(key), now[section].get(key)
       if old != new:
         raise experiment.ConfigError(f"{section}.{key}: the checkpoint in {run_dir} was trained with "

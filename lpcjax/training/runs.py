@@ -14,7 +14,7 @@ from lpcjax.config import ConfigError
 from lpcjax.errors import UserError
 from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
 
-from .checkpoint import Checkpointer, has_checkpoint, tree_mismatch
+from .checkpoint import Checkpointer, TreeMismatchError, has_checkpoint, tree_mismatch
 from .steps import make_optimizer, state_shardings
 
 
@@ -57,6 +57,8 @@ def restore_checked(checkpointer, run_dir, *args, **kwargs):
   tree does not match the model's (see ``tree_mismatch``)."""
   try:
     return checkpointer.restore(*args, **kwargs)
+  except TreeMismatchError as error:
+    raise RunError(f"{run_dir}: {error}") from None
   except ValueError as error:
     mismatch = tree_mismatch(error)
     if mismatch is None:

@@ -82,15 +82,16 @@ def test_official_names_and_layouts(tmp_path):
   tensors = weights.from_params("official", cfg, params)
   layer = params["layers"]
   p = "model.layers.1."
-  np.testing.assert_array_equal(tensors[p + "attn.k_proj.linear.weight"], layer["attn"]["k_proj"]["kernel"][1].reshape(32, 32).T)
-  np.testing.assert_array_equal(tensors[p + "attn.v_proj.shift_proj.weight"], layer["attn"]["v_shift"]["gate"]["kernel"][1].T)
+  attn = layer["attn"]
+  np.testing.assert_array_equal(tensors[p + "attn.k_proj.linear.weight"], attn["k_proj"]["kernel"][1].reshape(32, 32).T)
+  np.testing.assert_array_equal(tensors[p + "attn.v_proj.shift_proj.weight"], attn["v_shift"]["gate"]["kernel"][1].T)
   fused = tensors[p + "mlp.gate_proj.weight"]
   hidden = cfg.mlp_hidden_size
   assert fused.shape == (2 * hidden, 32)
   np.testing.assert_array_equal(fused[:hidden], layer["mlp"]["w_gate"]["kernel"][1].T)
   assert tensors[p + "attn.output_norm.weight"].shape == (32,)
   assert tensors[p + "attn.q_norm.weight"].shape == (8,)
-  np.testing.assert_array_equal(tensors[p + "attn.o_proj.weight"], layer["attn"]["o_proj"]["kernel"][1].reshape(32, 32).T)
+  np.testing.assert_array_equal(tensors[p + "attn.o_proj.weight"], attn["o_proj"]["kernel"][1].reshape(32, 32).T)
 
 
 def _hf_dir(tmp_path, cfg, fmt="official", edit=None, tensors_edit=None):
@@ -224,3 +225,30 @@ def test_bin_weights_without_torch_is_a_one_line_error(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
   with pytest.raises(ConvertError, match=r"holds PyTorch \.bin weights, which need torch"):
     convert.load_hf(path)
+
+
+def test_import_then_export_keeps_every_source_key_and_ordinary_permissions(tmp_path, shared_data):
+  """The export writes back the keys of the imported config.json that lpcjax does not set (the
+  package's defaults differ: fuse_cross_entropy is True there), with a plain file's permissions;
+  the import records the tokenizer it is given."""
+  cfg = FoXConfig(**dict(TINY, vocab_size=50257))
+  extra = {"bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None, "use_cache": True,
+           "max_position_embeddings": 16384, "fuse_cross_entropy": False, "fuse_norm": True,
+           "transformers_version": "4.44.0"}
+  hf = _hf_dir(tmp_path, cfg, edit=lambda config: config.update(extra))
+  source = json.loads((hf / "config.json").read_text())
+  run, out = tmp_path / "run", tmp_path / "exported"
+  rank_file = str(shared_data / "gpt2.tiktoken")
+  assert convert_main([str(hf), str(run), "--seq-len", "32", "--tokenizer-file", rank_file]) == 0
+  assert json.loads((run / "config.json").read_text())["data"]["tokenizer_file"] == rank_file
+  assert convert_main(["--to-hf", str(run), str(out)]) == 0
+  exported = json.loads((out / "config.json").read_text())
+  assert exported == source  # every key, every value
+  umask = os.umask(0)
+  os.umask(umask)
+  for path in (out, run):
+    assert path.stat().st_mode & 0o777 == 0o777 & ~umask
+  for path in (out / "config.json", out / "model.safetensors", run / "config.json"):
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+  missing = str(tmp_path / "none")
+  assert convert_main([str(hf), str(tmp_path / "again"), "--tokenizer-file", missing]) == 2

@@ -72,10 +72,17 @@ def test_eval_delayed_id_on_an_lpcsm_run(shared_data, tmp_path, capsys):
   records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
   assert {"lm_loss", "stop_loss", "prediction_loss", "sparse_ratio", "fire_rate"} <= set(records[0])
 
+  out = ["--max-sequences", "1", "--eval-len", "64", "--out", str(tmp_path / "e")]
+  assert cli("eval")(["--run", str(run_dir), *out]) == 0
+  curve = (tmp_path / "e" / "per_token.json").read_text()
+  capsys.readouterr()
   assert cli("eval")(["--run", str(run_dir), "--delayed-id", "--delayed-id-len", "150", "--delayed-id-prompts", "2",
-                      "--haystack", essay, "--max-sequences", "1", "--eval-len", "64", "--out", str(tmp_path / "e")]) == 0
-  assert "delayed identifier (2 prompts of 150 tokens): key CE" in capsys.readouterr().out
-  probe = json.load(open(tmp_path / "e" / "per_token.json"))["delayed_identifier"]
+                      "--haystack", essay, *out]) == 0
+  printed = capsys.readouterr().out
+  assert "delayed identifier (2 prompts of 150 tokens): key CE" in printed
+  assert "probes only" in printed
+  assert (tmp_path / "e" / "per_token.json").read_text() == curve  # the probe ran alone
+  probe = json.load(open(tmp_path / "e" / "probes.json"))["delayed_identifier"]
   assert probe["prompt_len"] == 150 and len(probe["cued"]["per_prompt"]) == 2  # 150: padded to 160
 
   # the probe's summed CE equals a direct computation on the unpadded prompt

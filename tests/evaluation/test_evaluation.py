@@ -116,6 +116,35 @@ def test_compare_overlays_runs(runs, tmp_path):
   assert (tmp_path / "perplexity_vs_context.png").exists()
 
 
+def test_compared_runs_of_one_model_are_told_apart_and_keep_the_evaluated_x_axis(runs, tmp_path,
+                                                                                  monkeypatch):
+  """Two runs of the same model (here: copies of one run, in folders 'fox' and 'b/fox') get
+  different labels in compare.json, the legend and the console; a run that claims a 16k training
+  length (a converted run) does not stretch the x-axis past the evaluated 64 positions."""
+  import shutil
+  from lpcjax.evaluation import plots
+  copies = [tmp_path / "a" / "fox", tmp_path / "b" / "fox", tmp_path / "fox_again"]
+  for copy in copies:
+    shutil.copytree(runs["fox"], copy)
+  results = [evaluate_run(str(c), max_sequences=2, eval_len=64, progress=False) for c in copies]
+  assert results[2]["label"].startswith("fox_again (fox, ")
+  results[2]["train_len"] = 16384
+  limits = {}
+
+  def finish(fig, ax, path, *args):
+    limits[os.path.basename(path)] = ax.get_xlim()
+    finish_plot(fig, ax, path, *args)
+  finish_plot = plots.finish_plot
+  monkeypatch.setattr(plots, "finish_plot", finish)
+  evaluator = LanguageModelEvaluator()
+  evaluator.write(results, str(tmp_path / "out"), evaluator_options(evaluator))
+  labels = [r["label"] for r in json.load(open(tmp_path / "out" / "compare.json"))]
+  assert len(set(labels)) == 3
+  assert labels[0].startswith("a/fox (fox, ") and labels[1].startswith("b/fox (")
+  assert [LanguageModelEvaluator().report(r)[0].split(":")[0] for r in results] == labels
+  assert limits["per_token_loss.png"][1] < 100
+
+
 def test_bad_runs_and_data(runs, tmp_path):
   with pytest.raises(RunError, match="not a run directory"):
     load_run(str(tmp_path))
@@ -128,7 +157,8 @@ def test_bad_runs_and_data(runs, tmp_path):
     evaluate_run(runs["fox"], data=[str(text)], progress=False)
   result = subprocess.run([sys.executable, str(REPO / "eval.py"), "--run", str(tmp_path)],
                           capture_output=True, text=True)
-  assert result.returncode == 2 and result.stderr.strip() == f"error: {tmp_path}: no checkpoint (has the run saved one?)"
+  assert result.returncode == 2
+  assert result.stderr.strip() == f"error: {tmp_path}: no checkpoint (has the run saved one?)"
 
 
 def test_an_interrupted_evaluation_is_one_line_and_keeps_the_old_results(runs, tmp_path, monkeypatch, capsys):

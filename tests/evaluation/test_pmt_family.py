@@ -3,8 +3,10 @@ missing values), eval.py writes the linear-probe and cue-retention results and p
 checkpoint and for a random init; a series too short for a patch is a one-line error."""
 
 import json
+import shutil
 
 import numpy as np
+import pytest
 
 from conftest import cli
 
@@ -25,12 +27,19 @@ def write_npz(path, count, seed):
   return str(path)
 
 
-def test_pretrain_then_probe(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  """One pre-training for the whole file (its compilation is most of a test's time)."""
+  tmp_path = tmp_path_factory.mktemp("pmt")
   train_file, eval_file = write_npz(tmp_path / "train.npz", 20, 0), write_npz(tmp_path / "test.npz", 12, 1)
   overrides = TINY + [f"data.train_file={train_file}", f"data.eval_file={eval_file}",
                       f"train.run_dir={tmp_path / 'runs'}", "train.run_name=pmt"]
   assert cli("train")(["--config", "pmt:tiny", *overrides]) == 0
-  records = [json.loads(line) for line in open(tmp_path / "runs" / "pmt" / "metrics.jsonl")]
+  return tmp_path
+
+
+def test_pretrain_then_probe(pretrained, tmp_path, capsys):
+  records = [json.loads(line) for line in open(pretrained / "runs" / "pmt" / "metrics.jsonl")]
   trained = [r for r in records if "loss" in r]
   assert len(trained) == 3 and all(np.isfinite(r["loss"]) and {"icl", "hgcl", "pcl", "series_per_sec"} <= set(r)
                                    for r in trained)
@@ -39,7 +48,7 @@ def test_pretrain_then_probe(tmp_path, capsys):
   evaluate = cli("eval")
   options = ["--seeds", "2", "--gaps", "0,2,50", "--fractions", "0.25,1.0"]  # 50 windows: does not fit
   out = tmp_path / "probes"
-  assert evaluate(["--run", str(tmp_path / "runs" / "pmt"), "--out", str(out), *options]) == 0
+  assert evaluate(["--run", str(pretrained / "runs" / "pmt"), "--out", str(out), *options]) == 0
   (result,) = json.load(open(out / "series_probes.json"))
   assert set(result["linear"]["fractions"]) == {"0.25", "1.0"}
   assert result["linear"]["fractions"]["0.25"]["labels"] == 4  # round(25 % of 10) = 2 per class
@@ -51,7 +60,8 @@ def test_pretrain_then_probe(tmp_path, capsys):
   assert "linear probe, 25% labels" in capsys.readouterr().out
 
   random_out = tmp_path / "random"
-  assert evaluate(["--run", str(tmp_path / "runs" / "pmt"), "--out", str(random_out), "--random-init",
+  run = str(pretrained / "runs" / "pmt")
+  assert evaluate(["--run", run, "--out", str(random_out), "--random-init",
                    "--probes", "linear", *options]) == 0
   (random,) = json.load(open(random_out / "series_probes.json"))
   assert random["step"] == 0 and "random init" in random["label"] and "cue" not in random
@@ -66,15 +76,18 @@ def test_series_shorter_than_a_patch_is_a_one_line_error(tmp_path, capsys):
   assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-def test_probe_of_a_one_class_file_is_a_one_line_error(tmp_path, capsys):
+def test_probe_of_a_one_class_file_is_a_one_line_error(pretrained, tmp_path, capsys):
+  """Pre-training ignores labels, so the one-class run is the pre-trained one pointed at a
+  one-class file (the same series): no second pre-training."""
   path = tmp_path / "one_class.npz"
-  write_npz(path, 12, 0)
-  arrays = dict(np.load(path))
-  np.savez(path, x=arrays["x"], y=np.zeros(12, int))
-  overrides = TINY + [f"data.train_file={path}", "train.steps=1", f"train.run_dir={tmp_path / 'runs'}",
-                      "train.run_name=one"]
-  assert cli("train")(["--config", "pmt:tiny", *overrides]) == 0  # pre-training ignores labels
+  arrays = dict(np.load(pretrained / "train.npz"))
+  np.savez(path, x=arrays["x"], y=np.zeros(len(arrays["y"]), int))
+  run = tmp_path / "one"
+  shutil.copytree(pretrained / "runs" / "pmt", run)
+  config = json.load(open(run / "config.json"))
+  config["data"].update(train_file=str(path), eval_file=None)  # evaluated on its training file
+  json.dump(config, open(run / "config.json", "w"))
   capsys.readouterr()
-  assert cli("eval")(["--run", str(tmp_path / "runs" / "one"), "--probes", "linear"]) == 2
+  assert cli("eval")(["--run", str(run), "--probes", "linear"]) == 2
   err = capsys.readouterr().err.strip()
   assert "have one class" in err and len(err.splitlines()) == 1

@@ -131,7 +131,8 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   from lpcjax.generate import main
   from lpcjax.training import train
 
-  config = tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=1", "train.log_every=1", "train.eval_batches=1", name="gen")
+  config = tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=1", "train.log_every=1",
+                           "train.eval_batches=1", name="gen")
   run_dir, _ = train(config, progress=False)
   capsys.readouterr()
   assert main(["--run", str(run_dir), "--token-ids", "1,2,3", "--max-new-tokens", "4"]) == 0
@@ -140,3 +141,24 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   assert main(["--run", str(run_dir), "--token-ids", "1,2,999999"]) == 2
   err = capsys.readouterr().err.strip()
   assert "prompt token ids must be in" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("text", ["He said \u201cyes\u201d.",
+                                  "caf\u00e9 \U0001f600\U0001f44d\U0001f3fd ok",
+                                  "\u65e5\u672c\u8a9e\u306e\u6587\u7ae0 \u2014 done"])
+def test_streamed_text_is_what_batch_decoding_prints(shared_data, text):
+  """A character split across GPT-2 tokens streams whole (it once printed as U+FFFD twice)."""
+  import io
+  from lpcjax.data import load_gpt2_tokenizer
+  from lpcjax.generate import TextStream
+  from lpcjax.generation import TokenPrinter
+  tokenizer = load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
+  ids = tokenizer.encode_ordinary(text)
+  assert any("\ufffd" in tokenizer.decode([t]) for t in ids)  # the case that used to garble
+  for sequence in (ids, ids[:-1], [*ids[:3], 50256, *ids[3:]]):  # cut mid-character, end-of-text
+    out, stream = io.StringIO(), TextStream(tokenizer)
+    printer = TokenPrinter(stream, out)
+    for step, token in enumerate(sequence):
+      printer(step, np.array([token]))
+    out.write(stream.flush())
+    assert out.getvalue() == tokenizer.decode([t for t in sequence if t < tokenizer.n_vocab])

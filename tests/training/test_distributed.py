@@ -34,9 +34,10 @@ def final_params(run_dir, cfg):
   family = models.get(cfg.model.family)
   state = create_train_state(family, family.build(cfg.model), cfg)
   checkpointer = Checkpointer(run_dir)
-  restored = checkpointer.restore(state, jax.tree.map(lambda x: x.sharding, state))
-  checkpointer.close()
-  return restored.params
+  try:  # closed even when the restore fails: no Orbax threads left for the next test
+    return checkpointer.restore(state, jax.tree.map(lambda x: x.sharding, state)).params
+  finally:
+    checkpointer.close()
 
 
 def test_params_are_sharded_by_the_rules(tmp_path):
@@ -96,8 +97,10 @@ def test_resume_on_another_mesh_reshards(tmp_path):
     abstract, shardings = state_shardings(models.get("fox"), model, second, make_optimizer(second.train), mesh,
                                           rules_from_config(second.train))
     checkpointer = Checkpointer(run_dir)
-    restored = checkpointer.restore(abstract, shardings, step=4)
-    checkpointer.close()
+    try:
+      restored = checkpointer.restore(abstract, shardings, step=4)
+    finally:
+      checkpointer.close()
   kernel = restored.params["layers"]["mlp"]["w_gate"]["kernel"]
   assert kernel.sharding.spec == P(None, "fsdp", "tensor") and dict(kernel.sharding.mesh.shape)["data"] == 4
   for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(saved)):

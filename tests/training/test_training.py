@@ -170,7 +170,8 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path):
     stage = tiny_experiment(tmp_path, "train.steps=1", "data.seq_len=64", f"train.init_from={spec}", *common,
                             name=f"b{step}")
     stage_dir, _ = train(stage, progress=False, devices=one_device())
-    for a, b in zip(jax.tree.leaves(load_run(stage_dir).params), jax.tree.leaves(load_run(source_dir, step=step).params)):
+    source_params = load_run(source_dir, step=step).params
+    for a, b in zip(jax.tree.leaves(load_run(stage_dir).params), jax.tree.leaves(source_params)):
       np.testing.assert_array_equal(a, b)
   wider = tiny_experiment(tmp_path, "train.steps=1", "model.d_model=64", f"train.init_from={source_dir}", *common,
                           name="c")

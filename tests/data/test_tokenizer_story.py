@@ -1,0 +1,79 @@
+"""One tokenizer story for every command: --tokenizer-file on train.py, eval.py and generate,
+the run records the rank file it was trained with, and offline errors name what works."""
+
+import json
+import os
+import shutil
+
+import pytest
+import tiktoken
+
+from conftest import cli
+
+from lpcjax.data import prepare
+
+
+@pytest.fixture
+def offline(monkeypatch):
+  """No download and no $LPCJAX_TIKTOKEN_FILE: only what a command is given or a run recorded."""
+  def no_download(name):
+    raise ConnectionError(f"no network for {name}")
+  monkeypatch.setattr(tiktoken, "get_encoding", no_download)
+  monkeypatch.delenv("LPCJAX_TIKTOKEN_FILE", raising=False)
+
+
+def tiny_text_run(tmp_path, *overrides):
+  return ["model.vocab_size=50257", "data.seq_len=32", "data.batch_size=8", "model.d_model=32",
+          "model.mlp_multiple_of=32", "train.steps=1", "train.warmup_steps=0", "train.eval_batches=1",
+          f"train.run_dir={tmp_path}", *overrides]
+
+
+def test_a_token_file_run_finds_its_tokenizer_offline(shared_data, tmp_path, offline, capsys):
+  rank_file = tmp_path / "copy.tiktoken"  # a copy, so the test can take it away again
+  shutil.copy(shared_data / "gpt2.tiktoken", rank_file)
+  essay = str(shared_data / "paul_graham_essays" / "addiction.txt")
+  meta = prepare(str(tmp_path / "tokens"), [essay], tokenizer_file=str(rank_file), progress=False)
+  assert meta["tokenizer_file"] == str(rank_file)  # the token file says where its tokenizer is
+  from lpcjax.generate import main as generate
+  train, evaluate = cli("train"), cli("eval")
+  tokens = f"data.train_tokens={tmp_path / 'tokens'}"
+  assert train(["--config", "fox_tiny_text", "data.kind=tokens", tokens,
+                *tiny_text_run(tmp_path, "train.run_name=tokens")]) == 0
+  run = tmp_path / "tokens"
+  saved = json.load(open(run / "config.json"))["data"]
+  assert saved["tokenizer_file"] == str(rank_file)  # recorded from the token file's metadata
+  out = ["--out", str(tmp_path / "eval"), "--max-sequences", "1", "--eval-len", "32"]
+  assert evaluate(["--run", str(run), *out]) == 0
+  assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2"]) == 0
+
+  os.remove(rank_file)  # the run moved to another machine: the recorded file is gone
+  capsys.readouterr()
+  assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and str(rank_file) in err and "--tokenizer-file" in err
+  assert "data.tokenizer_file" not in err  # a field eval.py and generate cannot set
+  given = str(shared_data / "gpt2.tiktoken")
+  assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2",
+                   "--tokenizer-file", given]) == 0
+  assert evaluate(["--run", str(run), *out, "--tokenizer-file", given]) == 0
+
+
+def test_train_takes_the_tokenizer_file_and_the_environment_variable(shared_data, tmp_path,
+                                                                      offline, monkeypatch, capsys):
+  train = cli("train")
+  essay = str(shared_data / "paul_graham_essays" / "addiction.txt")
+  rank_file = str(shared_data / "gpt2.tiktoken")
+  args = ["--config", "fox_tiny_text", f"data.train_files={essay}", "--print-config"]
+  capsys.readouterr()
+  assert train([*args, "--tokenizer-file", rank_file]) == 0
+  assert json.loads(capsys.readouterr().out)["data"]["tokenizer_file"] == os.path.abspath(rank_file)
+  monkeypatch.setenv("LPCJAX_TIKTOKEN_FILE", os.path.relpath(rank_file))
+  assert train(args) == 0  # the variable's file is recorded as an absolute path
+  assert json.loads(capsys.readouterr().out)["data"]["tokenizer_file"] == os.path.abspath(rank_file)
+  assert train(["--tokenizer-file", rank_file, "--print-config"]) == 2  # MQAR has no tokenizer
+  assert capsys.readouterr().err.strip() == "error: --tokenizer-file: data.kind=mqar uses no tokenizer"
+  monkeypatch.delenv("LPCJAX_TIKTOKEN_FILE")
+  assert train(["--config", "fox_tiny_text", f"data.train_files={essay}",
+                *tiny_text_run(tmp_path, "train.run_name=text")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "--tokenizer-file" in err and "LPCJAX_TIKTOKEN_FILE" in err

@@ -32,6 +32,9 @@ q, k, v move to [B, H, T, D] so that a block's last two dims are (sequence, head
 use natural exp (the EUP's), unlike the GPU kernel's exp2. On CPU the kernels run in Pallas'
 TPU interpret mode (``interpret=True`` maps to ``pltpu.InterpretParams()``), which simulates
 VMEM, SMEM, scalar prefetch and the DMAs of the pipeline.
+
+Why one module of ~540 lines: the four kernels share the schedule, the visit ranges and the
+row/column layouts above; split apart, each half would need the other's private layout rules.
 """
 
 import functools

@@ -151,7 +151,7 @@ def test_streamed_text_is_what_batch_decoding_prints(shared_data, text):
   import io
   from lpcjax.data import load_gpt2_tokenizer
   from lpcjax.generate import TextStream
-  from lpcjax.generation import TokenPrinter
+  from lpcjax.decoding import TokenPrinter
   tokenizer = load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
   ids = tokenizer.encode_ordinary(text)
   assert any("\ufffd" in tokenizer.decode([t]) for t in ids)  # the case that used to garble

@@ -47,6 +47,28 @@ class DataConfig:
     require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
     require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
 
+  # What the language-model evaluator asks of its data; each kind answers for itself, so the
+  # evaluator never branches on the kind. Defaults: a finite set of independent sequences with
+  # no text behind them.
+  is_text_stream: ClassVar[bool] = False  # sequences cut from one text stream (rolled in eval)
+  scores_recall: ClassVar[bool] = False  # examples mark key-query pairs (recall by distance)
+  default_eval_examples: ClassVar[Optional[int]] = None  # None: every example of a finite set
+
+  def for_evaluation(self, seq_len, batch_size):
+    """This data at the evaluation's sequence length and batch size."""
+    return dataclasses.replace(self, seq_len=seq_len, batch_size=batch_size)
+
+  def tokens_per_word(self):
+    """Tokens per whitespace-separated word of the evaluation text (word perplexity), or None."""
+    return None
+
+  def text_tokens(self, tokenizer):
+    """The evaluation (else training) text as tokens, for the text probes; None: no text."""
+    return None
+
+  def check_tokenizer(self):
+    """Raise a DataError if the data was made with another tokenizer than the one configured."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:

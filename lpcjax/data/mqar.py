@@ -48,6 +48,8 @@ class MQARDataConfig(DataConfig):
   fills the gaps; query gaps drawn with p(gap) ∝ gap^(power - 1), as in Zoology."""
 
   kind: ClassVar[str] = "mqar"
+  scores_recall: ClassVar[bool] = True
+  default_eval_examples: ClassVar[int] = 1024  # generated: it has no end, so score this many
 
   mqar_vocab_size: int = 8192
   mqar_num_pairs: int = 16

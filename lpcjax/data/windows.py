@@ -15,7 +15,7 @@ import numpy as np
 from lpcjax.config import DataConfig, require
 
 from .errors import DataError
-from .prepare import load_token_file
+from .prepare import load_token_file, read_documents, tokenizer_hash
 from .registry import DataKind, register
 from .text import tokenize_files
 from .tokenizer import load_gpt2_tokenizer, rank_file_in_use
@@ -35,9 +35,15 @@ class TokenWindowConfig(DataConfig):
     super().__post_init__()
     require(self.window_stride is None or self.window_stride >= 1, "data.window_stride", "must be >= 1")
 
+  is_text_stream: ClassVar[bool] = True
+
   @property
   def vocab_size(self):
     return GPT2_VOCAB_SIZE
+
+  def for_evaluation(self, seq_len, batch_size):
+    # long sequences, no stride: windowed models (sith) slide over them themselves
+    return dataclasses.replace(self, seq_len=seq_len, batch_size=batch_size, window_stride=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +53,18 @@ class TextDataConfig(TokenWindowConfig):
   train_files: tuple[str, ...] = ()
   eval_files: tuple[str, ...] = ()  # default: the training files
 
+  @property
+  def evaluation_files(self):
+    return self.eval_files or self.train_files
+
+  def tokens_per_word(self):
+    tokens, _ = tokenize_files(self.evaluation_files, load_gpt2_tokenizer(self.tokenizer_file))
+    words = sum(len(text.split()) for path in self.evaluation_files for text in read_documents(path))
+    return len(tokens) / words if words else None
+
+  def text_tokens(self, tokenizer):
+    return tokenize_files(self.evaluation_files, tokenizer)[0] if self.evaluation_files else None
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenFileConfig(TokenWindowConfig):
@@ -54,6 +72,22 @@ class TokenFileConfig(TokenWindowConfig):
 
   train_tokens: Optional[str] = None  # prefix of PREFIX.bin/PREFIX.json
   eval_tokens: Optional[str] = None  # default: the training tokens
+
+  @property
+  def evaluation_tokens(self):
+    return self.eval_tokens or self.train_tokens
+
+  def tokens_per_word(self):
+    _, meta = load_token_file(self.evaluation_tokens)
+    return meta["num_tokens"] / meta["num_words"] if meta.get("num_words") else None
+
+  def text_tokens(self, tokenizer):
+    return load_token_file(self.evaluation_tokens)[0]
+
+  def check_tokenizer(self):
+    _, meta = load_token_file(self.evaluation_tokens)
+    if meta.get("tokenizer_sha256") != tokenizer_hash(load_gpt2_tokenizer(self.tokenizer_file)):
+      raise DataError(f"tokenizer mismatch: {self.evaluation_tokens} was prepared with another tokenizer")
 
 
 def with_recorded_tokenizer(data):

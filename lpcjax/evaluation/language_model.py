@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lpcjax.data import (DataError, MQARDataConfig, TextDataConfig, TokenFileConfig, TokenWindowConfig,
-                         load_gpt2_tokenizer, load_token_file, make_dataset, tokenize_files)
-from lpcjax.data.prepare import read_documents, tokenizer_hash
+from lpcjax.data import (DataError, TextDataConfig, TokenFileConfig, load_gpt2_tokenizer, make_dataset,
+                         tokenize_files)
 from lpcjax.config import switch_class
 from lpcjax.files import write_json_atomic
 from lpcjax.layers.common import num_params
@@ -25,52 +24,30 @@ from .plots import plot_needle, plot_per_token, plot_perplexity, plot_recall
 from .recall import recall_by_distance
 
 NEEDLE_DEPTHS = tuple(i / 10 for i in range(11))
-GENERATED_SEQUENCES = 1024  # MQAR has no end: how many sequences to score by default
 
 
 def _eval_data(config, eval_len, batch_size, data_files, data_tokens):
-  """The data config for evaluation: the run's own eval data unless files/tokens are given."""
+  """The data config for evaluation: the run's own eval data unless --data files or --tokens
+  name other data (as a text or token-file kind, with the run's options carried over)."""
   data = config.data
-  tokenizer_file = getattr(data, "tokenizer_file", None)
-  if data_files:  # the run's own options (segment_ids, tokenizer) carry over
+  if data_files:
     data = dataclasses.replace(switch_class(data, TextDataConfig), train_files=tuple(data_files), eval_files=())
   elif data_tokens:
     data = dataclasses.replace(switch_class(data, TokenFileConfig), train_tokens=data_tokens, eval_tokens=None)
-  fields = {"seq_len": eval_len, "batch_size": batch_size}
-  if isinstance(data, TokenWindowConfig):  # long sequences, no stride: windowed models slide themselves
-    fields["window_stride"] = None
-  data = dataclasses.replace(data, **fields)
+  data = data.for_evaluation(eval_len, batch_size)
   if data.vocab_size > config.model.vocab_size:
     raise DataError(f"tokenizer mismatch: the run's model has {config.model.vocab_size} tokens, "
                     f"the {data.kind} data {data.vocab_size}")
-  if isinstance(data, TokenFileConfig):
-    _, meta = load_token_file(data.eval_tokens or data.train_tokens)
-    if meta.get("tokenizer_sha256") != tokenizer_hash(load_gpt2_tokenizer(tokenizer_file)):
-      raise DataError(f"tokenizer mismatch: {data.eval_tokens or data.train_tokens} was prepared with "
-                      "another tokenizer")
+  data.check_tokenizer()
   return data
 
 
-def _tokens_per_word(data):
-  if isinstance(data, TokenFileConfig):
-    _, meta = load_token_file(data.eval_tokens or data.train_tokens)
-    return meta["num_tokens"] / meta["num_words"] if meta.get("num_words") else None
-  if isinstance(data, TextDataConfig):
-    files = data.eval_files or data.train_files
-    tokens, _ = tokenize_files(files, load_gpt2_tokenizer(data.tokenizer_file))
-    words = sum(len(text.split()) for path in files for text in read_documents(path))
-    return len(tokens) / words if words else None
-  return None
-
-
 def _text_tokens(files, data_config, tokenizer, what):
-  """Tokens of ``files`` if given, else of the run's own eval (or training) text or token file."""
-  files = files or getattr(data_config, "eval_files", ()) or getattr(data_config, "train_files", ())
-  if files:
-    return tokenize_files(files, tokenizer)[0]
-  if isinstance(data_config, TokenFileConfig):
-    return load_token_file(data_config.eval_tokens or data_config.train_tokens)[0]
-  raise DataError(f"{what} needs text: give --haystack FILE ... (or --data)")
+  """Tokens of ``files`` if given, else of the run's own eval (or training) text."""
+  tokens = tokenize_files(files, tokenizer)[0] if files else data_config.text_tokens(tokenizer)
+  if tokens is None:
+    raise DataError(f"{what} needs text: give --haystack FILE ... (or --data)")
+  return tokens
 
 
 def _token_losses(model, params, sequence_logits):
@@ -117,7 +94,7 @@ class LanguageModelEvaluator:
     parser.add_argument("--eval-len", type=int, default=None, help="default: 4x the training length")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--max-sequences", type=int, default=None,
-                        help=f"default: every sequence of the data ({GENERATED_SEQUENCES} of generated MQAR)")
+                        help="default: every sequence of the data (generated MQAR: 1024)")
     parser.add_argument("--no-roll", action="store_true", help="do not roll sequences randomly")
     parser.add_argument("--needle", action="store_true", help="run the needle-in-a-haystack grid")
     parser.add_argument("--needle-lengths", type=int, nargs="+", default=None)
@@ -150,8 +127,8 @@ class LanguageModelEvaluator:
       raise DataError(f"--batch-size {batch_size} is not divisible by the {data_ways} data devices")
     data_config = _eval_data(config, eval_len, batch_size, data, options.tokens)
     max_sequences = options.max_sequences
-    if max_sequences is None and isinstance(data_config, MQARDataConfig):
-      max_sequences = GENERATED_SEQUENCES
+    if max_sequences is None:
+      max_sequences = data_config.default_eval_examples
     # A probe flag runs that probe alone: the per-token pass over the data takes minutes and its
     # results stay as they are (per_token.json is not rewritten); --per-token runs both.
     probes_only = (options.needle or options.delayed_id) and not options.per_token
@@ -187,16 +164,16 @@ class LanguageModelEvaluator:
     """The per-token loss curve and its summaries over the evaluation data (MQAR: recall too)."""
     seed = options.seed
     dataset = make_dataset(data_config, seed, "eval", max_examples=max_sequences)
-    roll = not options.no_roll and isinstance(data_config, TokenWindowConfig)  # a text stream, not MQAR
+    roll = not options.no_roll and data_config.is_text_stream
     batches = lambda: (dataset[i] for i in range(len(dataset)))
     totals = per_token_losses(run.model, run.params, batches(), run.mesh,
                               logits_fn=self.sequence_logits, roll_seed=seed if roll else None,
                               progress=options.progress, total=len(dataset), bin_width=options.window)
     result = summarize(totals.sums, totals.counts, len(totals.sequence_means),
-                       _tokens_per_word(data_config))
+                       data_config.tokens_per_word())
     result.update(rolled=roll, per_sequence_loss=totals.sequence_means.tolist(),
                   band=confidence_band(totals))
-    if isinstance(data_config, MQARDataConfig):
+    if data_config.scores_recall:
       predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
       predict_fn = lambda x: predict(run.params, np.asarray(x))
       result["recall_by_distance"] = recall_by_distance(predict_fn, batches())

@@ -125,6 +125,11 @@ class LPCSMConfig(GateFields, DecoderConfig):
   mhc_post_spread: float = 0.5
   mhc_pre_spread: float = 0.5  # also the readout's (collapse_streams) weights
   mhc_stream_spread: float = 0.5  # the embedding's copies scaled by 1 ± 0.5 (expand_streams)
+  # H_res's diagonal logit at init (MHCConfig.res_diag_init): 6 keeps ≈ 0.99 of each stream,
+  # the near-identity of the mHC paper. Any value keeps the plain-residual start exactly (the
+  # spread init is exact for every H of the form a·I + c·11ᵀ); a lower one starts the transport
+  # mixing, with a larger gradient on its logits (∝ H_ij (1 − H_ij)).
+  mhc_res_diag_init: float = 6.0
 
   # Auxiliary losses, added to the LM cross-entropy (weights NOT FOUND; each one is logged):
   # the predictor's mean squared error (it trains only the predictor: its target is detached),
@@ -197,7 +202,8 @@ class LPCSMConfig(GateFields, DecoderConfig):
   def mhc_config(self):
     return MHCConfig(num_streams=self.num_streams, d_model=self.d_model, sinkhorn_iterations=self.sinkhorn_iterations,
                      dynamic=self.mhc_dynamic, pre_activation=self.mhc_pre_activation,
-                     post_spread=self.mhc_post_spread, pre_spread=self.mhc_pre_spread)
+                     post_spread=self.mhc_post_spread, pre_spread=self.mhc_pre_spread,
+                     res_diag_init=self.mhc_res_diag_init)
 
 
 def sinusoidal_positions(positions, d, scale):

@@ -21,7 +21,8 @@ from lpcjax.models import LPCSM, LPCSMConfig
 from lpcjax.models.lpcsm import init_state, lpcsm_loss
 
 TINY = LPCSMConfig(vocab_size=61, d_model=32, num_layers=2, num_heads=2, mlp_multiple_of=32, attention_window=6,
-                   chunk_size=4, memory_dim=16, num_streams=3, attention_impl="xla")
+                   chunk_size=4, memory_dim=16, num_streams=3, attention_impl="xla",
+                   position_embedding="sinusoidal")  # the option; the "no_mhc_no_pc" variant has none
 SEQ = 24
 
 
@@ -45,7 +46,7 @@ def _perturb(variables, seed=5, scale=0.3):
 VARIANTS = {
     "full": TINY,
     "fox_gate": dataclasses.replace(TINY, forget_gate="data_dependent"),
-    "no_mhc_no_pc": dataclasses.replace(TINY, mhc=False, predictive_coding=False),
+    "no_mhc_no_pc": dataclasses.replace(TINY, mhc=False, predictive_coding=False, position_embedding="none"),
     "no_slow_no_ont": dataclasses.replace(TINY, slow_memory=False, ont=False),
 }
 

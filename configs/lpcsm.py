@@ -14,13 +14,30 @@ config (``runs/lpcsm_tiny``, ...) so that Stage B finds Stage A and C finds B th
 ``train.init_from``; override ``train.init_from`` to start from another run. Data are yours:
 give text files (data.kind=text) or prepared token files (data.kind=tokens, see docs/training.md).
 
-``paper``: 158,963,281 parameters, +0.41 % of the paper's 158,313,241 (its dimensions were not
-recovered): GPT-2 vocabulary, tied embeddings, d 768, 12 layers of 12 heads, SwiGLU 2048,
-memory 512, window 256, chunk 64, 4 mHC streams. Its token budgets are Table 1's (A: 32.77M
-= 16,000 steps of one 2048-token sequence; B: 16.38M; C at 4096 tokens: not recovered, 16.38M
-chosen); learning rate, batch and warm-up were not recovered (AdamW 6e-4, warm-up 1,000 steps).
-``tiny``: d 128, 4 layers, sequence 256 (7.6M parameters, 6.4M of them the tied embedding): 200 steps
-took 3 to 10 minutes on 2 CPU cores shared with other jobs.
+``paper``: 159,857,245 parameters, +0.98 % of the paper's 158,313,241 (its dimensions were not
+recovered; 884,772 of them are mHC's input-dependent coefficients): GPT-2 vocabulary, tied
+embeddings, d 768, 12 layers of 12 heads, SwiGLU 2048, memory 512, window 256, chunk 64, 4 mHC
+streams. Learning rate, batch and warm-up were not recovered (AdamW 6e-4, warm-up 1,000 steps).
+``tiny``: d 128, 4 layers, sequence 256 (7.6M parameters, 6.4M of them the tied embedding):
+200 steps took 3 to 10 minutes on 2 CPU cores shared with other jobs.
+
+The stages as this file builds them (B and C take half of A's steps; C doubles the length):
+
+  size   stage  steps    batch x length  tokens
+  paper  A      16,000   1 x 2048        32.77M  (Table 1's)
+  paper  B       8,000   1 x 2048        16.38M  (Table 1's)
+  paper  C       8,000   1 x 4096        32.77M  (not recovered; chosen)
+  tiny   A         300   4 x 256          0.31M
+  tiny   B         150   4 x 256          0.15M
+  tiny   C         150   4 x 512          0.31M
+
+(The CPU figures in docs/lpcsm.md override train.steps: 200 for A, 100 for B.)
+
+``train.lr_scales``: the controller's ratio logit φ (ρ = 0.05 + 0.45 σ(φ), init −0.69) learns
+at a multiple of the learning rate so that ρ can cross its range within one stage: Adam moves
+φ by at most ~lr per step, and φ must move ~±3 to reach either bound, i.e. lr · steps · scale
+≳ 3 over the ~half of a stage the cosine keeps the rate high: 10 for tiny (2e-3, 150-300 steps),
+2 for paper (6e-4, 8,000-16,000 steps).
 """
 
 import dataclasses
@@ -33,12 +50,14 @@ SIZES = {
     "tiny": (LPCSMConfig(d_model=128, num_layers=4, num_heads=4, mlp_multiple_of=64, attention_window=64,
                          chunk_size=32, memory_dim=64),
              TextDataConfig(seq_len=256, batch_size=4),
-             TrainConfig(steps=300, learning_rate=2e-3, warmup_steps=30, log_every=25, eval_batches=16)),
+             TrainConfig(steps=300, learning_rate=2e-3, warmup_steps=30, log_every=25, eval_batches=16,
+                         lr_scales=("ratio_logit=10",))),
     "paper": (LPCSMConfig(d_model=768, num_layers=12, num_heads=12, memory_dim=512, attention_window=256,
                           chunk_size=64, remat_policy="dots_no_batch"),
               TextDataConfig(seq_len=2048, batch_size=1),
               TrainConfig(steps=16_000, learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=1_000,
-                          log_every=100, eval_every=2_000, checkpoint_every=2_000, eval_batches=64)),
+                          log_every=100, eval_every=2_000, checkpoint_every=2_000, eval_batches=64,
+                          lr_scales=("ratio_logit=2",))),
 }
 ABLATIONS = {"no_mhc": "mhc", "no_slow": "slow_memory", "no_pc": "predictive_coding", "no_ont": "ont",
              "no_stop": "stop_head"}

@@ -103,6 +103,11 @@ class TrainConfig:
   # Logical-axis rules as "logical=mesh_axis[+mesh_axis]" or "logical=none"; they replace the
   # matching entries of lpcjax.sharding.DEFAULT_RULES.
   logical_rules: tuple[str, ...] = ()
+  # Per-parameter learning-rate scales, "PATTERN=FACTOR": the updates of every parameter whose
+  # '/'-joined path (e.g. layers/controller/ratio_logit) contains PATTERN are multiplied by
+  # FACTOR (the first matching rule wins). For a few scalars that must cross their range within
+  # a short stage (LPC-SM's learned sparse ratio). Empty: the optimizer is exactly as before.
+  lr_scales: tuple[str, ...] = ()
 
   def __post_init__(self):
     require(self.steps >= 1, "train.steps", f"must be >= 1, got {self.steps}")
@@ -124,9 +129,20 @@ class TrainConfig:
       require(value == -1 or value >= 1, f"train.{name}", f"must be >= 1 or -1 (all remaining), got {value}")
     require([self.mesh_data, self.mesh_fsdp, self.mesh_tensor].count(-1) <= 1, "train.mesh_data",
             "at most one mesh axis can be -1")
+    for rule in self.lr_scales:
+      pattern, _, factor = rule.partition("=")
+      require(pattern and _is_positive_float(factor), "train.lr_scales",
+              f"expected 'PATTERN=FACTOR' with FACTOR > 0, got {rule!r}")
     for rule in self.logical_rules:
       require(rule.count("=") == 1 and rule.split("=")[0], "train.logical_rules",
               f"expected 'logical=mesh_axis[+mesh_axis]' or 'logical=none', got {rule!r}")
+
+
+def _is_positive_float(text):
+  try:
+    return float(text) > 0
+  except ValueError:
+    return False
 
 
 # ----------------------------------------------------------------------------- overrides

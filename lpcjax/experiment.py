@@ -155,6 +155,8 @@ def from_dict(values):
   family = models.get(model_values.pop("family"))
   if family.name == "sith":  # saved before SITH's blocks were scanned: their params are h_0, h_1, ...
     model_values.setdefault("scan_layers", False)
+  if family.name == "lpcsm" and model_values.get("controller_temperature") == 1.0:
+    del model_values["controller_temperature"]  # removed (issue #21): it never moved the mask
   kind = data.get(data_values.pop("kind", "mqar"))
   data_fields = field_types(kind.config_cls)
   for key in [k for k in data_values if k not in data_fields]:

@@ -25,16 +25,27 @@ class ControllerConfig:
   ratio_max: float = 0.5  # at most every other token fires: the pathway stays sparse
   ratio_init: float = 0.2
   # False: the paper's Stage-B control. φ stays a parameter (so both arms load the same
-  # checkpoint) but gets no gradient: ρ is frozen at its init or restored value.
+  # checkpoint) but gets no gradient: ρ is frozen at its init or restored value, and with
+  # ``score="learned"`` so is the firing rate (the standardised score fires at rate ≈ ρ).
   learn_ratio: bool = True
-  # p = σ(u / τ) and m = 1[p > 0.5] ⇔ u > 0: τ does not move the forward mask, only the slope
-  # of the straight-through gradient. 1 keeps that slope at σ'(0) = 1/4 per unit of u.
-  temperature: float = 1.0
-  threshold: float = 0.5
-  # The statistic r_t = log(mean(e_t²) + eps) is detached: the controller learns when to fire,
-  # the predictor is not rewarded for shaping its errors to open or close the gate.
+  # "learned" (issue #21): a learned score s_t = w · log(e_t² + eps) / ‖w‖ over the error's
+  # channels, standardised causally and fired where z_t > Φ⁻¹(1 − ρ). The standardisation
+  # removes the score's scale and offset, so nothing but ρ sets the firing rate (ρ is
+  # identifiable and starts as the rate) while w chooses which tokens fire.
+  # "affine" (the form before issue #21): r_t = log mean(e_t² + eps), standardised, then
+  # scale · z + bias − Φ⁻¹(1 − ρ) > 0. Its bias and ρ enter as one offset (the LM gradient on
+  # ρ is a fixed multiple of the bias's), and r has near-zero variance while ĥ ≈ 0.
+  score: str = "learned"
+  # The error is detached: the controller learns when to fire, the predictor is not rewarded
+  # for shaping its errors to open or close the gate.
   stop_error_gradient: bool = True
   eps: float = 1e-6
+  # No temperature: the forward mask is 1[u > 0] whatever τ is, so a temperature could only
+  # rescale the straight-through slope; the surrogate is σ(u) (slope 1/4 at the threshold).
+
+  def __post_init__(self):
+    if self.score not in ("learned", "affine"):
+      raise ValueError(f"score must be 'learned' or 'affine', got {self.score!r}")
 
 
 def running_standardize(r, stats=None, eps=1e-6):
@@ -71,7 +82,7 @@ def causal_standardize(r, eps=1e-6):
 
 class ControllerOutput(NamedTuple):
   mask: jax.Array  # [batch, seq], 0/1 forward, straight-through gradient
-  p: jax.Array  # [batch, seq], σ(u / τ)
+  p: jax.Array  # [batch, seq], σ(u), the straight-through surrogate
   ratio: jax.Array  # (), the sparse ratio ρ
   aux: jax.Array  # (), (mean(mask) − ρ)²
   stats: dict  # the running moments after this call (see ``running_standardize``)
@@ -80,14 +91,19 @@ class ControllerOutput(NamedTuple):
 class SparseController(nn.Module):
   """error e [batch, seq, d] (and optionally the carried ``stats``) -> ``ControllerOutput``.
 
-      r_t = log(mean(e_t²) + eps),  z_t = running_standardize(r)_t
-      u_t = scale · z_t + bias − Φ⁻¹(1 − ρ),  p_t = σ(u_t / τ)
-      m_t = 1[p_t > threshold] forward, dm/dp = 1 backward (straight through)
+  score="learned" (default):
+      s_t = Σ_c w_c log(e_{t,c}² + eps) / ‖w‖,  z_t = running_standardize(s)_t
+      u_t = z_t − Φ⁻¹(1 − ρ)
+  score="affine":
+      r_t = log(mean_c e_{t,c}² + eps),  z_t = running_standardize(r)_t
+      u_t = scale · z_t + bias − Φ⁻¹(1 − ρ)
+  then m_t = 1[u_t > 0] forward, dm/du = σ'(u) backward (straight through σ(u)).
 
-  Tie to ρ: z is roughly standard normal, so shifting it by the normal quantile Φ⁻¹(1 − ρ)
-  makes a fraction ≈ ρ of tokens fire at init (scale 1, bias 0), and ρ receives the task
-  gradient through that shift. aux = (mean(m) − ρ)² is returned for the model to log or to add
-  with a weight, holding the realised rate near ρ once scale and bias move.
+  Tie to ρ: z is standardised over the stream so far and roughly normal (the learned score is a
+  mean of d log-squared errors), so a fraction ≈ ρ of tokens passes Φ⁻¹(1 − ρ) whatever w is:
+  the rate starts at ρ and follows it, and ρ gets the task gradient through the threshold.
+  w starts uniform (ones). aux = (mean(m) − ρ)² is returned for the model to log or to add with
+  a weight.
   """
 
   config: ControllerConfig
@@ -95,8 +111,6 @@ class SparseController(nn.Module):
   @nn.compact
   def __call__(self, error, stats=None):
     cfg = self.config
-    scale = self.param("scale", constant_init(1.0, ()), ())
-    bias = self.param("bias", constant_init(0.0, ()), ())
     phi = self.param("ratio_logit", constant_init(bounded_init(cfg.ratio_init, cfg.ratio_min, cfg.ratio_max), ()), ())
     if not cfg.learn_ratio:
       phi = jax.lax.stop_gradient(phi)
@@ -105,11 +119,21 @@ class SparseController(nn.Module):
     error = error.astype(jnp.float32)
     if cfg.stop_error_gradient:
       error = jax.lax.stop_gradient(error)
-    r = jnp.log(jnp.mean(error * error, axis=-1) + cfg.eps)
-    z, stats = running_standardize(r, stats, cfg.eps)
-    u = scale * z + bias - jax.scipy.special.ndtri(1.0 - ratio)
-    p = jax.nn.sigmoid(u / cfg.temperature)
-    hard = (p > cfg.threshold).astype(p.dtype)
+    threshold = jax.scipy.special.ndtri(1.0 - ratio)
+    if cfg.score == "learned":
+      weight = self.param("score_weight", constant_init(1.0, (None,)), (error.shape[-1],))
+      features = jnp.log(error * error + cfg.eps)
+      score = features @ weight * jax.lax.rsqrt(jnp.sum(weight * weight) + cfg.eps)
+      z, stats = running_standardize(score, stats, cfg.eps)
+      u = z - threshold
+    else:
+      scale = self.param("scale", constant_init(1.0, ()), ())
+      bias = self.param("bias", constant_init(0.0, ()), ())
+      r = jnp.log(jnp.mean(error * error, axis=-1) + cfg.eps)
+      z, stats = running_standardize(r, stats, cfg.eps)
+      u = scale * z + bias - threshold
+    p = jax.nn.sigmoid(u)
+    hard = (u > 0).astype(p.dtype)
     mask = hard + (p - jax.lax.stop_gradient(p))  # p − p = 0 exactly: forward is 0/1
     aux = jnp.square(jnp.mean(mask) - ratio)
     return ControllerOutput(mask, p, ratio, aux, stats)

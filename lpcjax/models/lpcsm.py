@@ -3,17 +3,18 @@
 Each block, in the order of spec §2 (norm -> local attention -> dual-timescale memory ->
 predictive correction -> mHC), with a SwiGLU feed-forward last:
 
-    h  = pre-mix of the n residual streams                      (mHC; n = 1 and x itself if off)
+    h  = Σ_i pre_i(x) x_i, the pre-mix of the n streams          (mHC; n = 1 and x itself if off)
     a  = ForgettingAttention(norm(h))                            sliding window, RoPE, log f = 0
     r  = DualTimescaleMemory(norm(h + a))                        chunk summaries, fast + slow (ONT)
     ĥ  = W_p [a_{t-1}; r_t]                                      predict h_t from what came before
     e  = rms(h_t) − ĥ_t,  m = SparseController(e)                mismatch, sparse event mask
-    c  = m_t · W_c e_t                                           correction only where m fires
+    c  = m_t · W_c e_t                                           W_c = 0 at init
     y  = a + r + c;  y += SwiGLU(norm(h + y))
-    streams <- H_res streams + b y                               (mHC; plain x + y if off)
+    x_i <- Σ_j H_ij(x) x_j + post_i(x) y                         (mHC; plain x + y if off)
 
-then the mean of the streams, a final RMSNorm and two output heads: the LM head and the stop
-head. Every choice the paper's lost equations leave open is a field of ``LPCSMConfig`` with the
+with x⁰ = n spread copies of the token (+ optionally position) embedding; then the readout (a
+fixed weighted mean) of the streams, a final RMSNorm and two output heads: the LM head and the
+stop head. Every choice the paper's lost equations leave open is a field of ``LPCSMConfig`` with the
 reason beside it; the reusable layers are ``lpcjax.layers.mhc``, ``memory`` (with ``ont``),
 ``controller`` and the shared ``attention``.
 
@@ -64,6 +65,16 @@ class LPCSMConfig(GateFields, DecoderConfig):
   norm_eps: float = 1e-6  # RMSNorm: the spec's inference from the cited reference [28]
   scan_layers: ClassVar[bool] = True  # always one scanned block (no unrolled variant)
 
+  # h⁰ = token + position embedding in the paper's words (learned vs sinusoidal NOT FOUND).
+  # "sinusoidal": the Transformer's fixed sin/cos table at the absolute stream position (any
+  # length, no parameters, streaming-consistent), scaled to RMS ``init_std`` so it starts on the
+  # token embedding's scale; it lets the memory, the predictor and the controller (which see no
+  # RoPE) know where in the stream a token is. "none" (default): token embedding only; attention
+  # has RoPE. Measured (docs/lpcsm.md, tiny, seed 0): sinusoidal costs 0.23 held-out LM loss
+  # (6.356 against 6.128) and breaks the 2040-token probe of a 256-token model (key CE 55.1
+  # against 47.8: positions never seen in training), so it is the option, not the default.
+  position_embedding: str = "none"
+
   # Local attention (window NOT FOUND). 256 tokens: an eighth of the 2048-token Stage-A context,
   # so anything further back must come through the memories.
   attention_window: int = 256
@@ -86,8 +97,16 @@ class LPCSMConfig(GateFields, DecoderConfig):
   ratio_min: float = 0.05
   ratio_max: float = 0.5
   ratio_init: float = 0.2
-  learn_ratio: bool = True  # False: Stage B's fixed-ratio control
-  controller_temperature: float = 1.0
+  learn_ratio: bool = True  # False: Stage B's fixed-ratio control (ρ and the firing rate fixed)
+  # "learned": a learned score over the error's channels, causally standardised and fired above
+  # Φ⁻¹(1 − ρ), so ρ alone sets the rate; "affine": the scale/bias form before issue #21
+  # (ControllerConfig.score). The temperature field is gone: it never moved the forward mask.
+  controller_score: str = "learned"
+  # W_c starts at zero (issue #21): the error is on the RMS-normalised scale (~1 per channel)
+  # while the residual stream is at the embedding's ~init_std, so a W_c of std init_std made the
+  # correction ~11x the stream at the fired tokens. At zero the model starts as the one without
+  # correction (tested) and W_c still gets its gradient (mask · e · dL/dy); like the memory reads.
+  correction_init_std: float = 0.0
 
   # Stop head: the second output head, p(the document ends after this token), trained with a
   # binary cross-entropy whose positives are the positions whose next token is ``stop_token``
@@ -100,6 +119,20 @@ class LPCSMConfig(GateFields, DecoderConfig):
   mhc: bool = True
   num_streams: int = 4
   sinkhorn_iterations: int = 20
+  # Input-dependent coefficients (REFERENCE.md's mHC; α = 0 at init) and the asymmetric
+  # pre/post-mix init that lets the streams diverge while the mean stream starts as the plain
+  # residual; False / "softmax" / 0 / 0 is the static symmetric form before issue #21 (inert:
+  # identical streams with symmetric parameters stay identical). MHCConfig has the reasons.
+  mhc_dynamic: bool = True
+  mhc_pre_activation: str = "sigmoid"
+  mhc_post_spread: float = 0.5
+  mhc_pre_spread: float = 0.5  # also the readout's (collapse_streams) weights
+  mhc_stream_spread: float = 0.5  # the embedding's copies scaled by 1 ± 0.5 (expand_streams)
+  # H_res's diagonal logit at init (MHCConfig.res_diag_init): 6 keeps ≈ 0.99 of each stream,
+  # the near-identity of the mHC paper. Any value keeps the plain-residual start exactly (the
+  # spread init is exact for every H of the form a·I + c·11ᵀ); a lower one starts the transport
+  # mixing, with a larger gradient on its logits (∝ H_ij (1 − H_ij)).
+  mhc_res_diag_init: float = 6.0
 
   # Auxiliary losses, added to the LM cross-entropy (weights NOT FOUND; each one is logged):
   # the predictor's mean squared error (it trains only the predictor: its target is detached),
@@ -124,6 +157,13 @@ class LPCSMConfig(GateFields, DecoderConfig):
     require(0 <= self.resolved_stop_token < self.vocab_size, "model.stop_token",
             f"{self.stop_token} is not a token of the {self.vocab_size}-token vocabulary")
     require_choice(self.attention_impl, "model.attention_impl", set(available_impls()))
+
+    require_choice(self.position_embedding, "model.position_embedding", {"sinusoidal", "none"})
+    require_choice(self.controller_score, "model.controller_score", {"learned", "affine"})
+    require_choice(self.mhc_pre_activation, "model.mhc_pre_activation", {"sigmoid", "softmax"})
+    for name in ("mhc_post_spread", "mhc_pre_spread", "mhc_stream_spread"):
+      require(0 <= getattr(self, name) < 1, f"model.{name}", "must be in [0, 1)")
+    require(self.correction_init_std >= 0, "model.correction_init_std", "must be >= 0")
 
   def describe(self):
     off = [name for name in ("mhc", "slow_memory", "predictive_coding", "ont", "stop_head") if not getattr(self, name)]
@@ -160,10 +200,24 @@ class LPCSMConfig(GateFields, DecoderConfig):
 
   def controller_config(self):
     return ControllerConfig(ratio_min=self.ratio_min, ratio_max=self.ratio_max, ratio_init=self.ratio_init,
-                            learn_ratio=self.learn_ratio, temperature=self.controller_temperature)
+                            learn_ratio=self.learn_ratio, score=self.controller_score)
 
   def mhc_config(self):
-    return MHCConfig(num_streams=self.num_streams, sinkhorn_iterations=self.sinkhorn_iterations)
+    return MHCConfig(num_streams=self.num_streams, d_model=self.d_model, sinkhorn_iterations=self.sinkhorn_iterations,
+                     dynamic=self.mhc_dynamic, pre_activation=self.mhc_pre_activation,
+                     post_spread=self.mhc_post_spread, pre_spread=self.mhc_pre_spread,
+                     res_diag_init=self.mhc_res_diag_init)
+
+
+def sinusoidal_positions(positions, d, scale):
+  """positions [seq] int -> [seq, d] float32: sin/cos pairs at wavelengths 2π · 10000^(2i/d)
+  (Vaswani et al.), times ``scale`` · √2 so that the RMS over channels is ``scale``."""
+  half = d // 2
+  freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / max(half, 1))
+  angle = positions.astype(jnp.float32)[:, None] * freq[None, :]
+  table = jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
+  table = jnp.pad(table, ((0, 0), (0, d - 2 * half)))
+  return table * (scale * jnp.sqrt(2.0 * d / max(2 * half, 1)))
 
 
 def rms_normalize(x, eps):
@@ -206,11 +260,12 @@ class LPCSMBlock(nn.Module):
       error = jax.lax.stop_gradient(rms_normalize(h, cfg.norm_eps)) - predicted.astype(jnp.float32)
       control = SparseController(cfg.controller_config(), name="controller")(
           error, state["controller"] if streaming else None)
-      correction = Projection((cfg.d_model,), (None, "embed"), init_std=cfg.init_std, dtype=dtype,
+      correction = Projection((cfg.d_model,), (None, "embed"), init_std=cfg.correction_init_std, dtype=dtype,
                               param_dtype=param_dtype, name="correction")(error)
       y = y + (control.mask[..., None] * correction).astype(y.dtype)
       new_state.update(controller=control.stats, prev_attn=a[:, -1])
-      aux = {"prediction_loss": jnp.mean(jnp.square(error)), "ratio_aux": control.aux,
+      # per position [batch, seq] (mean over channels): the loss masks it with loss_mask
+      aux = {"prediction_error": jnp.mean(jnp.square(error), axis=-1), "ratio_aux": control.aux,
              "sparse_ratio": control.ratio, "fire_rate": jnp.mean(jax.lax.stop_gradient(control.mask))}
 
     y = y + SwiGLU(cfg.mlp_config(), name="mlp")(norm("mlp_norm")(h + y))
@@ -250,12 +305,20 @@ class LPCSM(nn.Module):
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
     embed = TokenEmbed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
                        embedding_init=normal_init(cfg.init_std, ("vocab", "embed")), name="embed")
-    x = expand_streams(nn.with_logical_constraint(embed(tokens), EMBED), cfg.streams)
     position = jnp.zeros((), jnp.int32) if state is None else state["position"]
+    h0 = embed(tokens)
+    if cfg.position_embedding == "sinusoidal":
+      positions = position + jnp.arange(tokens.shape[1])
+      h0 = h0 + sinusoidal_positions(positions, cfg.d_model, cfg.init_std).astype(h0.dtype)
+    spread = lambda value: value if cfg.mhc else 0.0
+    x = expand_streams(nn.with_logical_constraint(h0, EMBED), cfg.streams, spread(cfg.mhc_stream_spread))
     blocks = scanned_layers(rematted(LPCSMBlock, cfg), cfg, (0, nn.broadcast))
     x, (layer_states, aux) = blocks(x, None if state is None else state["layers"], position)
-    logits, x = lm_head(collapse_streams(x), embed, cfg)
-    extras = {name: jnp.mean(value) for name, value in aux.items()}  # mean over layers
+    self.sow("intermediates", "streams", x)  # [batch, seq, n, d]: read by the tests of mHC
+    logits, x = lm_head(collapse_streams(x, spread(cfg.mhc_pre_spread)), embed, cfg)
+    extras = {name: jnp.mean(value, axis=0) for name, value in aux.items()}  # mean over layers
+    if cfg.predictive_coding:  # and per layer [num_layers], for the logged trajectories
+      extras["per_layer"] = {name: aux[name] for name in ("sparse_ratio", "fire_rate")}
     if cfg.stop_head:  # always built, so init creates its params
       extras["stop_logits"] = nn.Dense(1, dtype=jnp.float32, param_dtype=param_dtype,
                                        kernel_init=normal_init(cfg.init_std, ("embed", None)),
@@ -269,7 +332,7 @@ def lpcsm_loss(apply_fn, params, batch, **_):
   """LM cross-entropy + weighted auxiliary losses (see LPCSMConfig). Metrics: ``loss`` (the
   total that is differentiated), ``lm_loss`` (the cross-entropy alone: the paper's "LM loss"
   and what runs are compared by), ``accuracy``, and each auxiliary term, the learned sparse
-  ratio and the realised firing rate (means over layers)."""
+  ratio and the realised firing rate (means over layers, and per layer as ``*_layer<i>``)."""
   cfg = apply_fn.__self__.config
   logits, extras = apply_fn({"params": params}, batch["inputs"], segment_ids=batch.get("segment_ids"),
                             return_aux=True)
@@ -285,9 +348,15 @@ def lpcsm_loss(apply_fn, params, batch, **_):
     loss = loss + cfg.stop_loss_weight * per_position(stop)
     metrics["stop_loss"] = (stop, count)
   if cfg.predictive_coding:
-    loss = loss + cfg.prediction_loss_weight * extras["prediction_loss"] + cfg.ratio_loss_weight * extras["ratio_aux"]
-    for name in ("prediction_loss", "ratio_aux", "sparse_ratio", "fire_rate"):
+    # the predictor's squared error only where the LM loss is scored (padding is not a target)
+    prediction = (extras["prediction_error"] * mask).sum()
+    loss = loss + cfg.prediction_loss_weight * per_position(prediction) + cfg.ratio_loss_weight * extras["ratio_aux"]
+    metrics["prediction_loss"] = (prediction, count)
+    for name in ("ratio_aux", "sparse_ratio", "fire_rate"):
       metrics[name] = (extras[name].astype(jnp.float32), jnp.float32(1.0))
+    for name, values in extras["per_layer"].items():  # sparse_ratio_layer0, fire_rate_layer0, ...
+      for layer in range(cfg.num_layers):
+        metrics[f"{name}_layer{layer}"] = (values[layer].astype(jnp.float32), jnp.float32(1.0))
   metrics["loss"] = (loss * count, count)
   return loss, metrics, {}
 

@@ -33,15 +33,40 @@ def decay_mask(params):
       lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
 
 
+def path_name(path):
+  """A tree path -> 'layers/controller/ratio_logit'."""
+  return "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
+
+
+def scale_by_path(rules):
+  """A stateless transform multiplying each update by the factor of the first rule
+  ("PATTERN=FACTOR") whose PATTERN is contained in the parameter's path (1 if none matches)."""
+  parsed = [(pattern, float(factor)) for pattern, _, factor in (rule.partition("=") for rule in rules)]
+
+  def factor_of(path):
+    name = path_name(path)
+    return next((factor for pattern, factor in parsed if pattern in name), 1.0)
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(lambda path, u: u * factor_of(path), updates), state
+
+  return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
 def make_optimizer(train_cfg):
-  """AdamW (b1, b2, decoupled weight decay) after global-norm clipping; linear warmup, cosine."""
+  """AdamW (b1, b2, decoupled weight decay) after global-norm clipping; linear warmup, cosine;
+  then the per-parameter scales of ``train.lr_scales`` (only if any are set, so that the
+  optimizer state of every other run keeps its structure)."""
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=train_cfg.learning_rate, warmup_steps=train_cfg.warmup_steps,
       decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1), end_value=train_cfg.min_learning_rate)
-  return optax.chain(
-      optax.clip_by_global_norm(train_cfg.grad_clip),
-      optax.adamw(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2,
-                  weight_decay=train_cfg.weight_decay, mask=decay_mask))
+  parts = [optax.clip_by_global_norm(train_cfg.grad_clip),
+           optax.adamw(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2,
+                       weight_decay=train_cfg.weight_decay, mask=decay_mask)]
+  if train_cfg.lr_scales:
+    parts.append(scale_by_path(train_cfg.lr_scales))
+  return optax.chain(*parts)
 
 
 def _split_variables(family, variables):

@@ -50,7 +50,7 @@ class _Block(nn.Module):
 
 def test_mhc_one_stream_is_a_plain_residual_block():
   x = _normal(0, (2, 7, 1, 8))
-  block = _Block(MHCConfig(num_streams=1))
+  block = _Block(MHCConfig(num_streams=1, d_model=8))
   params = block.init(jax.random.PRNGKey(1), x)
   out = block.apply(params, x)[0]
   f = nn.Dense(8)
@@ -61,7 +61,7 @@ def test_mhc_one_stream_is_a_plain_residual_block():
 
 def test_mhc_identity_init_with_copied_streams_is_a_residual_block():
   x = _normal(0, (2, 7, 8))
-  block = _Block(MHCConfig(num_streams=4))
+  block = _Block(MHCConfig(num_streams=4, d_model=8))
   params = block.init(jax.random.PRNGKey(1), expand_streams(x, 4))
   out = block.apply(params, expand_streams(x, 4))[0]
   expected = x + jnp.tanh(nn.Dense(8).apply({"params": params["params"]["f"]}, x))
@@ -71,17 +71,62 @@ def test_mhc_identity_init_with_copied_streams_is_a_residual_block():
 def test_mhc_streams_shapes_and_gradients():
   n = 3
   x = _normal(0, (2, 5, n, 8))  # distinct streams
-  block = _Block(MHCConfig(num_streams=n))
+  block = _Block(MHCConfig(num_streams=n, d_model=8))
   params = block.init(jax.random.PRNGKey(1), x)
   out = block.apply(params, x)[0]
   assert out.shape == x.shape
   weights = _normal(2, x.shape)
   grads = jax.jit(jax.grad(lambda p: jnp.sum(block.apply(p, x)[0] * weights)))(params)["params"]["mhc"]
-  for name in ("pre_logits", "post_logits", "res_logits"):
+  # (φ's gradient is α · ... = 0 at α = 0; α's is not, and φ follows once α moves)
+  for name in ("pre_logits", "post_logits", "res_logits", "dynamic_alpha"):
     g = nn.meta.unbox(grads[name])
-    assert g.shape[0] == n and np.all(np.isfinite(g)) and np.abs(g).max() > 0, name
+    assert np.all(np.isfinite(g)) and np.abs(g).max() > 0, name
   with pytest.raises(ValueError):
     block.apply(params, _normal(0, (2, 5, n + 1, 8)))
+  static = _Block(MHCConfig(num_streams=n, dynamic=False))
+  assert set(static.init(jax.random.PRNGKey(1), x)["params"]["mhc"]) == {"pre_logits", "post_logits", "res_logits"}
+
+
+class _Stack(nn.Module):
+  """Two sub-layers F_k = tanh(Dense_k(h)), each wrapped by its own MHC; None: plain residual."""
+
+  config: MHCConfig | None
+
+  @nn.compact
+  def __call__(self, x):
+    for k in range(2):
+      dense = nn.Dense(x.shape[-1], name=f"f{k}")
+      fn = lambda h, dense=dense: jnp.tanh(dense(h))
+      x = MHC(self.config, name=f"mhc{k}")(x, fn) if self.config else x + fn(x)
+    return x
+
+
+def test_mhc_spread_init_keeps_the_mean_stream_and_breaks_the_symmetry():
+  """The spread stream/pre/post/readout init: the readout is exactly the plain residual stack,
+  the streams differ, and every block's pre-mix and transport get gradients at init; with the
+  symmetric init (issue #21) the streams stay copies and the transport gradients vanish."""
+  x = _normal(0, (2, 5, 8))
+  plain = _Stack(None)
+  plain_params = plain.init(jax.random.PRNGKey(1), x)["params"]
+  weights = _normal(2, x.shape)
+  apply = _Stack(MHCConfig(num_streams=4, d_model=8))  # the spreads only set the init: one jit
+  run = jax.jit(lambda p, xs, readout: jnp.einsum("n,...nd->...d", readout, apply.apply(p, xs)))
+  grad = jax.jit(jax.grad(lambda p, xs, readout: jnp.sum(run(p, xs, readout) * weights)))
+  for spread in (0.5, 0.0):
+    cfg = MHCConfig(num_streams=4, d_model=8, pre_spread=spread, post_spread=spread)
+    xs = expand_streams(x, 4, spread)
+    readout = collapse_streams(jnp.eye(4)[None], spread)[0]  # the readout's weights [n]
+    params = nn.meta.unbox(_Stack(cfg).init(jax.random.PRNGKey(1), xs))
+    params["params"].update({k: plain_params[k] for k in ("f0", "f1")})
+    np.testing.assert_allclose(run(params, xs, readout), plain.apply({"params": plain_params}, x), atol=1e-5)
+    grads = grad(params, xs, readout)["params"]
+    differ = float(jnp.std(apply.apply(params, xs), axis=-2).max())
+    transport = min(float(np.abs(grads[f"mhc{k}"]["res_logits"]).max()) for k in range(2))
+    pre = min(float(np.abs(grads[f"mhc{k}"]["pre_logits"]).min()) for k in range(2))
+    if spread:
+      assert differ > 1e-2 and transport > 1e-4 and pre > 1e-4, (differ, transport, pre)
+    else:
+      assert differ < 1e-6 and transport < 1e-6, (differ, transport)
 
 
 # ----------------------------------------------------------------------------- ONT
@@ -220,13 +265,13 @@ def test_causal_standardize_ignores_the_future():
   assert np.all(z[:, 0] == 0)
 
 
-def _controller(cfg=ControllerConfig()):
-  e = _normal(0, (4, 64, 8)) * jnp.exp(_normal(1, (4, 64, 1)))
+def _controller(cfg=ControllerConfig(), d=8):
+  e = _normal(0, (4, 64, d)) * jnp.exp(_normal(1, (4, 64, 1)))
   ctrl = SparseController(cfg)
   return ctrl, nn.meta.unbox(ctrl.init(jax.random.PRNGKey(0), e)), e
 
 
-def test_controller_mask_is_binary_and_gradients_reach_scale_and_bias():
+def test_controller_mask_is_binary_and_gradients_reach_its_parameters():
   ctrl, params, e = _controller()
   mask, p, ratio, aux, _ = ctrl.apply(params, e)
   assert mask.shape == p.shape == (4, 64)
@@ -236,9 +281,31 @@ def test_controller_mask_is_binary_and_gradients_reach_scale_and_bias():
   assert 0.05 < float(jnp.mean(mask)) < 0.5 and np.isfinite(aux)
   weights = _normal(3, mask.shape)
   grads = jax.jit(jax.grad(lambda q: jnp.sum(ctrl.apply(q, e)[0] * weights)))(params)["params"]
+  assert set(grads) == {"score_weight", "ratio_logit"}
+  for name in grads:
+    assert np.abs(grads[name]).max() > 0, name
+  affine, affine_params, _ = _controller(ControllerConfig(score="affine"))
+  grads = jax.grad(lambda q: jnp.sum(affine.apply(q, e)[0] * weights))(affine_params)["params"]
   for name in ("scale", "bias", "ratio_logit"):
     assert np.abs(grads[name]) > 0, name
 
+
+@pytest.mark.parametrize("ratio", [0.1, 0.2, 0.4])
+def test_controller_fires_at_rate_rho_whatever_the_scores_scale(ratio):
+  """The standardised score fires a fraction ρ of tokens at init, and rescaling or shifting
+  the error statistic (its scale and offset) cannot change the rate: only ρ sets it."""
+  ctrl, params, _ = _controller(ControllerConfig(ratio_init=ratio), d=32)
+  e = _normal(0, (4, 256, 32))
+  n = e.shape[0] * e.shape[1]
+  tolerance = 4 * np.sqrt(ratio * (1 - ratio) / n) + 0.02  # sampling + the log-χ² skew at d = 32
+  rate = float(jnp.mean(ctrl.apply(params, e)[0]))
+  assert abs(rate - ratio) < tolerance, rate
+  mask = ctrl.apply(params, e)[0]
+  scaled = {"params": {**params["params"], "score_weight": 7.0 * params["params"]["score_weight"]}}
+  # errors 30x larger (an offset of the log-score) or a 7x larger score weight: the same mask
+  # up to float32 rounding at the threshold
+  for variables, factor in ((params, 30.0), (scaled, 1.0)):
+    assert float(jnp.mean(ctrl.apply(variables, factor * e)[0] == mask)) > 0.99
 
 def test_controller_ratio_stays_in_bounds():
   cfg = ControllerConfig(ratio_min=0.05, ratio_max=0.5)
@@ -259,7 +326,7 @@ def test_fixed_ratio_gets_no_gradient():
     return jnp.sum(mask * weights) + ratio + aux
 
   grads = jax.grad(loss)(params)["params"]
-  assert grads["ratio_logit"] == 0 and np.abs(grads["bias"]) > 0
+  assert grads["ratio_logit"] == 0 and np.abs(grads["score_weight"]).max() > 0
 
 
 def test_running_standardize_chunk_by_chunk_equals_one_pass():

@@ -1,8 +1,10 @@
 """The lpcsm family: causality, streaming = parallel, the ablation switches, mHC's reduction to a
-plain residual block, the loss against a direct computation, the controller under training,
-and the 158M config's parameter count."""
+plain residual block, the loss against a direct computation, the init (plain-model start,
+gradients everywhere, firing rate ρ) and a short run (mHC and ρ move, the fixed arm keeps its
+rate), lr_scales, old saved configs, and the 158M config's parameter count."""
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
@@ -13,11 +15,14 @@ import optax
 import pytest
 
 from lpcjax.config import ConfigError
+from lpcjax.layers import sinkhorn
+from lpcjax.layers.common import bounded, bounded_init
 from lpcjax.models import LPCSM, LPCSMConfig
 from lpcjax.models.lpcsm import init_state, lpcsm_loss
 
 TINY = LPCSMConfig(vocab_size=61, d_model=32, num_layers=2, num_heads=2, mlp_multiple_of=32, attention_window=6,
-                   chunk_size=4, memory_dim=16, num_streams=3, attention_impl="xla")
+                   chunk_size=4, memory_dim=16, num_streams=3, attention_impl="xla",
+                   position_embedding="sinusoidal")  # the option; the "no_mhc_no_pc" variant has none
 SEQ = 24
 
 
@@ -41,7 +46,7 @@ def _perturb(variables, seed=5, scale=0.3):
 VARIANTS = {
     "full": TINY,
     "fox_gate": dataclasses.replace(TINY, forget_gate="data_dependent"),
-    "no_mhc_no_pc": dataclasses.replace(TINY, mhc=False, predictive_coding=False),
+    "no_mhc_no_pc": dataclasses.replace(TINY, mhc=False, predictive_coding=False, position_embedding="none"),
     "no_slow_no_ont": dataclasses.replace(TINY, slow_memory=False, ont=False),
 }
 
@@ -118,43 +123,165 @@ def test_loss_matches_a_direct_computation():
   z = np.asarray(extras["stop_logits"])
   bce = np.logaddexp(0, z) - stop_target * z  # −[y log σ(z) + (1 − y) log(1 − σ(z))]
   lm, stop = (ce * mask).sum() / mask.sum(), (bce * mask).sum() / mask.sum()
-  expected = (lm + TINY.stop_loss_weight * stop + TINY.prediction_loss_weight * extras["prediction_loss"]
+  prediction = (np.asarray(extras["prediction_error"]) * mask).sum() / mask.sum()  # masked (issue #21)
+  expected = (lm + TINY.stop_loss_weight * stop + TINY.prediction_loss_weight * prediction
               + TINY.ratio_loss_weight * extras["ratio_aux"])
   np.testing.assert_allclose(loss, expected, rtol=1e-5)
   np.testing.assert_allclose(metrics["lm_loss"][0] / metrics["lm_loss"][1], lm, rtol=1e-5)
   np.testing.assert_allclose(metrics["loss"][0] / metrics["loss"][1], loss, rtol=1e-5)
   assert 0 < float(metrics["fire_rate"][0]) < 1 and TINY.ratio_min <= float(metrics["sparse_ratio"][0]) <= TINY.ratio_max
+  per_layer = [float(metrics[f"fire_rate_layer{i}"][0]) for i in range(TINY.num_layers)]
+  np.testing.assert_allclose(np.mean(per_layer), metrics["fire_rate"][0], rtol=1e-6)
 
 
-def _train(cfg, steps=25, lr=3e-2):
-  model, variables = _model(cfg)
-  params = _perturb(variables, scale=0.05)["params"]
-  opt = optax.adam(lr)
-  opt_state = opt.init(params)
-  batch = _batch()
+# Issue #21: every learned part gets gradients at init, starts on the residual stream's scale
+# and moves in a short run. The helpers below are compiled once and shared by these tests (CI
+# time): the probe batch is large enough to measure a firing rate (4 x 96 tokens x 2 layers).
+PROBE = _tokens(seed=3, batch=4, seq=96)
+ZERO_AUX = dataclasses.replace(TINY, stop_loss_weight=0.0, prediction_loss_weight=0.0, ratio_loss_weight=0.0)
 
-  @jax.jit
-  def step(params, opt_state):
-    (_, metrics), grads = jax.value_and_grad(lambda p: lpcsm_loss(model.apply, p, batch)[:2], has_aux=True)(params)
+
+@functools.cache
+def _probe_forward():
+  """params -> (logits, extras, the final streams [batch, seq, n, d]) on PROBE."""
+  model = LPCSM(TINY)
+
+  def forward(params):
+    (logits, extras), state = model.apply({"params": params}, PROBE, return_aux=True, mutable=["intermediates"])
+    return logits, extras, state["intermediates"]["streams"][0]
+
+  return jax.jit(forward)
+
+
+@functools.cache
+def _lm_grads():
+  """params -> the gradient of the LM cross-entropy alone (auxiliary weights 0)."""
+  model = LPCSM(ZERO_AUX)
+  return jax.jit(jax.grad(lambda p: lpcsm_loss(model.apply, p, _batch())[0]))
+
+
+@functools.cache
+def _train_step(lr=3e-2):
+  """(params, opt_state, ratio_update) -> (params, opt_state): one Adam step on TINY's full
+  loss; ratio_update 0 freezes ρ's logit as model.learn_ratio=false does (that only cuts φ's
+  gradient, tested on the layer), so one compiled step serves both Stage-B arms."""
+  model, opt = LPCSM(TINY), optax.adam(lr)
+
+  def step(params, opt_state, ratio_update):
+    grads = jax.grad(lambda p: lpcsm_loss(model.apply, p, _batch())[0])(params)
     updates, opt_state = opt.update(grads, opt_state)
-    return optax.apply_updates(params, updates), opt_state, metrics, grads
+    controller = updates["layers"]["controller"]
+    updates["layers"]["controller"] = {**controller, "ratio_logit": controller["ratio_logit"] * ratio_update}
+    return optax.apply_updates(params, updates), opt_state
 
-  ratios, first_grads = [], None
-  for i in range(steps):
-    params, opt_state, metrics, grads = step(params, opt_state)
-    first_grads = first_grads or grads
-    ratios.append(float(metrics["sparse_ratio"][0]))
-  return params, ratios, first_grads
+  return jax.jit(step), opt
 
 
-def test_controller_trains_inside_its_bounds():
-  """(The fixed ratio's zero gradient is tested on the layer, tests/layers/test_lpcsm_layers.py.)"""
-  cfg = dataclasses.replace(TINY, ratio_min=0.1, ratio_max=0.3, ratio_init=0.2, ratio_loss_weight=50.0)
-  params, ratios, grads = _train(cfg)
-  controller = grads["layers"]["controller"]
-  for name in ("scale", "bias", "ratio_logit"):
-    assert np.abs(controller[name]).max() > 0, name
-  assert all(0.1 <= r <= 0.3 for r in ratios) and max(ratios) - min(ratios) > 1e-3
+def _stream_spread(streams):
+  """The streams' spread around their mean, relative to their scale."""
+  return float(jnp.std(streams, axis=-2).mean() / jnp.std(streams))
+
+
+def _rate_tolerance(ratio, n=4 * 96 * 2):
+  return 4 * np.sqrt(ratio * (1 - ratio) / n) + 0.02  # sampling, and the skew of a log-χ² score
+
+
+def _with_ratio(params, ratio, cfg=TINY):
+  logit = bounded_init(ratio, cfg.ratio_min, cfg.ratio_max)
+  controller = {**params["layers"]["controller"],
+                "ratio_logit": jnp.full_like(params["layers"]["controller"]["ratio_logit"], logit)}
+  return {**params, "layers": {**params["layers"], "controller": controller}}
+
+
+def test_init_keeps_the_plain_model_and_every_part_gets_a_gradient():
+  """At init the model equals the one without predictive correction (W_c = 0) and, through
+  the readout, the one without mHC (the spread init keeps the plain residual stream), while
+  its streams differ; W_c, mHC's pre-mix, transport and α get LM gradients in every layer."""
+  params = _model()[1]["params"]
+  logits, extras, streams = _probe_forward()(params)
+  layers = params["layers"]
+  no_pc = {**params, "layers": {k: v for k, v in layers.items() if k not in ("predictor", "controller", "correction")}}
+  no_mhc = {**no_pc, "layers": {k: v for k, v in no_pc["layers"].items() if k != "mhc"}}
+  without_pc = LPCSM(dataclasses.replace(TINY, predictive_coding=False)).apply({"params": no_pc}, PROBE)
+  np.testing.assert_allclose(without_pc, logits, atol=1e-6, rtol=1e-6)
+  plain = LPCSM(dataclasses.replace(TINY, predictive_coding=False, mhc=False)).apply({"params": no_mhc}, PROBE)
+  np.testing.assert_allclose(plain, logits, atol=2e-5, rtol=2e-5)
+  assert _stream_spread(streams) > 0.05
+  assert abs(float(extras["fire_rate"]) - TINY.ratio_init) < _rate_tolerance(TINY.ratio_init)
+
+  grads = _lm_grads()(params)["layers"]
+  assert np.abs(grads["correction"]["kernel"]).max() > 0
+  for name in ("pre_logits", "res_logits", "dynamic_alpha"):
+    per_layer = np.abs(np.asarray(grads["mhc"][name])).reshape(TINY.num_layers, -1).max(axis=1)
+    assert per_layer.min() > 1e-7, (name, per_layer)
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.4])
+def test_fire_rate_starts_at_rho_and_the_lm_loss_reaches_rho(ratio):
+  """The initial firing rate is ρ within sampling error, and with the auxiliary weights at 0
+  the LM loss alone gives ρ a gradient in every layer (once W_c is off zero)."""
+  params = _with_ratio(_model()[1]["params"], ratio)
+  assert abs(float(_probe_forward()(params)[1]["fire_rate"]) - ratio) < _rate_tolerance(ratio)
+  perturbed = _with_ratio(_perturb({"params": params}, scale=0.05)["params"], ratio)
+  assert np.abs(np.asarray(_lm_grads()(perturbed)["layers"]["controller"]["ratio_logit"])).min() > 0
+
+
+def test_a_short_run_moves_mhc_and_rho_and_the_fixed_arm_keeps_its_rate():
+  """From the init: after a few Adam steps every mHC parameter (φ too) and the transport have
+  moved, the streams are still apart, ρ has moved inside its bounds; the fixed-ratio arm
+  (Stage B's control) trains the rest while its firing rate stays at ρ."""
+  params0 = _model()[1]["params"]
+  step, opt = _train_step()
+  runs = {}
+  for arm, ratio_update in (("adaptive", 1.0), ("fixed", 0.0)):
+    params, opt_state, rates = params0, opt.init(params0), []
+    for _ in range(6):
+      params, opt_state = step(params, opt_state, ratio_update)
+      _, extras, streams = _probe_forward()(params)
+      rates.append(float(extras["fire_rate"]))
+    runs[arm] = params, rates, streams
+
+  params, rates, streams = runs["adaptive"]
+  before, after = params0["layers"]["mhc"], params["layers"]["mhc"]
+  for name in ("pre_logits", "post_logits", "res_logits", "dynamic_alpha", "dynamic_proj"):
+    assert np.abs(np.asarray(after[name]) - np.asarray(before[name])).max() > 1e-3, name
+  transport = lambda mhc: jax.vmap(sinkhorn)(mhc["res_logits"])
+  assert np.abs(transport(after) - transport(before)).max() > 1e-4
+  assert _stream_spread(streams) > 0.05
+  ratio = bounded(params["layers"]["controller"]["ratio_logit"], TINY.ratio_min, TINY.ratio_max)
+  assert np.abs(np.asarray(ratio) - TINY.ratio_init).max() > 1e-2 and np.all((0.05 <= ratio) & (ratio <= 0.5))
+
+  params, rates, _ = runs["fixed"]
+  np.testing.assert_array_equal(params["layers"]["controller"]["ratio_logit"],
+                                params0["layers"]["controller"]["ratio_logit"])
+  assert np.abs(params["layers"]["controller"]["score_weight"] - 1.0).max() > 1e-3
+  assert all(abs(r - TINY.ratio_init) < _rate_tolerance(TINY.ratio_init) for r in rates), rates
+
+
+def test_lr_scales_multiply_the_matching_updates_only():
+  from lpcjax.config import TrainConfig
+  from lpcjax.training.steps import make_optimizer
+  params = {"controller": {"ratio_logit": jnp.float32(0.0)}, "other": {"ratio": jnp.float32(0.0)}}
+  grads = jax.tree.map(lambda _: jnp.float32(0.5), params)
+  plain = make_optimizer(TrainConfig(steps=10, warmup_steps=0))
+  scaled = make_optimizer(TrainConfig(steps=10, warmup_steps=0, lr_scales=("ratio_logit=10",)))
+  assert len(plain.init(params)) == 2  # no rules: the optimizer state keeps its old structure
+  updates = scaled.update(grads, scaled.init(params), params)[0]
+  np.testing.assert_allclose(updates["controller"]["ratio_logit"], 10 * updates["other"]["ratio"], rtol=1e-6)
+  unscaled = plain.update(grads, plain.init(params), params)[0]
+  np.testing.assert_allclose(updates["other"]["ratio"], unscaled["other"]["ratio"])
+  with pytest.raises(ConfigError, match="lr_scales"):
+    TrainConfig(lr_scales=("ratio_logit",))
+
+
+def test_saved_configs_with_the_old_temperature_still_load():
+  from lpcjax import experiment as C
+  values = C.to_dict(C.load_experiment("configs/lpcsm.py:tiny"))
+  values["model"]["controller_temperature"] = 1.0
+  assert C.from_dict(values).model == C.load_experiment("configs/lpcsm.py:tiny").model
+  values["model"]["controller_temperature"] = 2.0
+  with pytest.raises(ConfigError, match="controller_temperature"):
+    C.from_dict(values)
 
 
 def test_bad_inputs_are_one_line_errors():
@@ -189,6 +316,8 @@ def test_configs_give_the_ablations_and_the_staged_schedule():
   b, b_fixed, c = load("tiny_stage_b"), load("tiny_stage_b_fixed"), load("tiny_stage_c")
   assert b.train.init_from == b_fixed.train.init_from == "runs/lpcsm_tiny"
   assert b.model == a.model and b_fixed.model == dataclasses.replace(a.model, learn_ratio=False)
+  assert a.train.lr_scales == b.train.lr_scales == ("ratio_logit=10",)
+  assert (a.train.steps, b.train.steps, c.train.steps) == (300, 150, 150)  # the docstring's table
   assert c.train.init_from == "runs/lpcsm_tiny_stage_b" and c.data.seq_len == 2 * a.data.seq_len
   assert load("paper_stage_c").data.seq_len == 4096
   with pytest.raises(ValueError, match="unknown lpcsm config"):

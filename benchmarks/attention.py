@@ -8,8 +8,8 @@ outputs of forward+backward). Ratios between rows come from the same run.
 Candidates: lpcjax pallas / triton (jax-triton) / xla / reference backends;
 ``dot_product_attention_bias``: jax.nn.dot_product_attention with the decay bias materialized
 as a [B, H, T, T] array (cuDNN where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal
-flash attention without any bias and with lpcjax's tiles where it allows them, its own warps and stages (the cost floor the
-forget gate is measured against). On TPU: ``pallas_tpu`` (lpcjax's Mosaic kernels) and
+flash attention without any bias and with lpcjax's tiles where it allows them, its own warps
+and stages (the cost floor the forget gate is measured against). On TPU: ``pallas_tpu`` (lpcjax's Mosaic kernels) and
 ``pallas_tpu_flash_nobias``, JAX's Pallas TPU causal flash attention without a bias, the floor
 there. Candidates for another platform are skipped (docs/kernels_tpu.md).
 

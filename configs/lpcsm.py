@@ -83,6 +83,7 @@ def get_config(name="tiny"):
     steps = max(1, int(train.steps * fraction))
     train = dataclasses.replace(train, steps=steps, warmup_steps=min(train.warmup_steps, steps // 10),
                                 init_from=f"{train.run_dir}/lpcsm_{size}{start}",
-                                eval_every=min(train.eval_every, steps), checkpoint_every=min(train.checkpoint_every, steps))
+                                eval_every=min(train.eval_every, steps),
+                                checkpoint_every=min(train.checkpoint_every, steps))
   train = dataclasses.replace(train, run_name=run)
   return ExperimentConfig(model=model, data=data, train=train, name=run)

@@ -146,10 +146,12 @@ class LPCSMConfig(GateFields, DecoderConfig):
     for name in ("mlp_multiple_of", "attention_window", "chunk_size", "memory_dim", "num_streams",
                  "sinkhorn_iterations"):
       require(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
-    require(self.resolved_head_dim % 2 == 0, "model.head_dim", f"RoPE needs an even head_dim, got {self.resolved_head_dim}")
+    require(self.resolved_head_dim % 2 == 0, "model.head_dim",
+            f"RoPE needs an even head_dim, got {self.resolved_head_dim}")
     self.check_gate({"none", "data_dependent"})
     require(0 < self.ratio_min < self.ratio_init < self.ratio_max < 1, "model.ratio_init",
-            f"need 0 < ratio_min < ratio_init < ratio_max < 1, got ({self.ratio_min}, {self.ratio_init}, {self.ratio_max})")
+            f"need 0 < ratio_min < ratio_init < ratio_max < 1, "
+            f"got ({self.ratio_min}, {self.ratio_init}, {self.ratio_max})")
     require(1 < self.kappa_init < self.kappa_max, "model.kappa_init",
             f"need 1 < kappa_init < kappa_max, got ({self.kappa_init}, {self.kappa_max})")
     for name in ("fast_decay_init", "slow_decay_init"):
@@ -301,7 +303,8 @@ class LPCSM(nn.Module):
       raise ValueError("lpcsm does not take segment_ids: its chunked memories do not restart at document "
                        "boundaries (set data.segment_ids=false)")
     if tokens.shape[1] % cfg.chunk_size:
-      raise ValueError(f"lpcsm: sequence length {tokens.shape[1]} must be a multiple of model.chunk_size={cfg.chunk_size}")
+      raise ValueError(f"lpcsm: sequence length {tokens.shape[1]} must be a multiple of "
+                       f"model.chunk_size={cfg.chunk_size}")
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
     embed = TokenEmbed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
                        embedding_init=normal_init(cfg.init_std, ("vocab", "embed")), name="embed")
@@ -343,7 +346,8 @@ def lpcsm_loss(apply_fn, params, batch, **_):
   loss = per_position(losses.sum())
   metrics = {"lm_loss": (losses.sum(), count), "accuracy": (hits.sum(), count)}
   if cfg.stop_head:
-    stop = optax.sigmoid_binary_cross_entropy(extras["stop_logits"], (batch["targets"] == cfg.resolved_stop_token).astype(jnp.float32))
+    stop_target = (batch["targets"] == cfg.resolved_stop_token).astype(jnp.float32)
+    stop = optax.sigmoid_binary_cross_entropy(extras["stop_logits"], stop_target)
     stop = (stop * mask).sum()
     loss = loss + cfg.stop_loss_weight * per_position(stop)
     metrics["stop_loss"] = (stop, count)

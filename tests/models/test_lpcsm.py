@@ -129,7 +129,8 @@ def test_loss_matches_a_direct_computation():
   np.testing.assert_allclose(loss, expected, rtol=1e-5)
   np.testing.assert_allclose(metrics["lm_loss"][0] / metrics["lm_loss"][1], lm, rtol=1e-5)
   np.testing.assert_allclose(metrics["loss"][0] / metrics["loss"][1], loss, rtol=1e-5)
-  assert 0 < float(metrics["fire_rate"][0]) < 1 and TINY.ratio_min <= float(metrics["sparse_ratio"][0]) <= TINY.ratio_max
+  assert 0 < float(metrics["fire_rate"][0]) < 1
+  assert TINY.ratio_min <= float(metrics["sparse_ratio"][0]) <= TINY.ratio_max
   per_layer = [float(metrics[f"fire_rate_layer{i}"][0]) for i in range(TINY.num_layers)]
   np.testing.assert_allclose(np.mean(per_layer), metrics["fire_rate"][0], rtol=1e-6)
 

@@ -13,10 +13,7 @@ spill bytes (``ptxas -v``), and whether Hopper's wgmma appears in the PTX. It me
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +21,7 @@ import jax.numpy as jnp
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels import triton_backend, triton_kernels
 from lpcjax.kernels.pallas_gpu import MIN_BLOCK
+from triton_compile import ptxas_report  # the same ptxas -v report as the Pallas kernels'
 
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (opt-in maximum)
 POINTERS = {"C": "*fp32", "THR": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DC": "*fp32",
@@ -48,24 +46,6 @@ def ptxas_path(arch):
   """The ptxas Triton itself assembles with for this arch (its wheel ships two)."""
   from triton.backends.nvidia.compiler import get_ptxas
   return get_ptxas(arch).path
-
-
-def ptxas_report(ptx, arch):
-  """Registers and spill bytes from ``ptxas -v`` (sm_90a: the wgmma instructions need the a)."""
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, "kernel.ptx")
-    with open(path, "w") as f:
-      f.write(ptx)
-    sm = f"sm_{arch}{'a' if arch == 90 else ''}"
-    run = subprocess.run([ptxas_path(arch), f"-arch={sm}", "-v", path,
-                          "-o", os.path.join(tmp, "kernel.cubin")],
-                         capture_output=True, text=True, check=False)
-  if run.returncode:
-    raise RuntimeError(f"ptxas failed: {run.stderr.strip()[-500:]}")
-  number = lambda pattern: int(re.search(pattern, run.stderr).group(1))
-  return {"registers": number(r"Used (\d+) registers"),
-          "spill_store_bytes": number(r"(\d+) bytes spill stores"),
-          "spill_load_bytes": number(r"(\d+) bytes spill loads")}
 
 
 def launches(batch, seq_len, heads, head_dim, dtype, prune, window):
@@ -120,7 +100,8 @@ def main():
                "block_k": constexprs["BLOCK_K"], "num_warps": warps, "num_stages": stages,
                "smem_bytes": compiled.metadata.shared,
                "fits_smem": compiled.metadata.shared <= SMEM_LIMIT,
-               "wgmma": "wgmma.mma_async" in ptx, **ptxas_report(ptx, args.arch)}
+               "wgmma": "wgmma.mma_async" in ptx,
+               **ptxas_report(ptxas_path(args.arch), ptx, f"{args.arch // 10}.{args.arch % 10}")}
         rows.append(row)
         print(f"{name:>16} {heads:>3} {head_dim:>4} {prune!s:>5} {window or '-'!s:>6} "
               f"{row['block_q']:>3}x{row['block_k']:<4} {warps:>5} {stages:>6} "

@@ -334,11 +334,15 @@ def _scaled_cumsum(log_fgate):
   return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
 
 
+def _row_term_from_output(o, do):
+  """delta [B, H, T] from o, dO [B, T, H, D] (the layout the Pallas and Triton kernels keep)."""
+  return jnp.swapaxes(row_term.from_output(o, do), 1, 2)
+
+
 # static = (sm_scale, sizes, interpret, prune, window)
 _pallas = differentiable(BackendKernels(
     cumsum=_scaled_cumsum, forward=_forward, row_term=_row_term,
-    row_term_from_output=lambda o, do: jnp.swapaxes(row_term.from_output(o, do), 1, 2),
-    backward=_backward, seq_axis=2))
+    row_term_from_output=_row_term_from_output, backward=_backward, seq_axis=2))
 
 
 def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,

@@ -21,10 +21,9 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-from . import row_term
 from .vjp import BackendKernels, differentiable
 from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
-from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, _scaled_cumsum, on_gpu
+from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, _row_term_from_output, _scaled_cumsum, on_gpu
 
 INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
                 "pip install 'lpcjax[triton]' on Python >= 3.12 (jax-triton 0.4 needs "
@@ -128,8 +127,7 @@ def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, prune, w
 # static = (sm_scale, sizes, prune, window); the custom_vjp is the one in vjp.py
 _attention = differentiable(BackendKernels(
     cumsum=_scaled_cumsum, forward=_forward, row_term=_row_term,
-    row_term_from_output=lambda o, do: jnp.swapaxes(row_term.from_output(o, do), 1, 2),
-    backward=_backward, seq_axis=2))
+    row_term_from_output=_row_term_from_output, backward=_backward, seq_axis=2))
 
 
 def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,

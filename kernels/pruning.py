@@ -27,11 +27,18 @@ from jax import lax
 DEFAULT_EPSILON = math.exp(-10)
 
 
-def skip_threshold(q, k, sm_scale, epsilon):
-  """delta per (batch, head), float32 [batch, heads], for q, k [batch, seq, heads, head_dim]."""
+def skip_threshold(q, k, sm_scale, epsilon, axis_name=None):
+  """delta per (batch, head), float32 [batch, heads], for q, k [batch, seq, heads, head_dim].
+
+  ``axis_name``: the mesh axis the sequence is sharded over (inside ``shard_map``), or None.
+  With it, Q, K and T are those of the whole sequence (a max over the shards), so every shard
+  skips by the same bound as one device would."""
   norm = lambda x: jnp.sqrt(jnp.max(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1), axis=1))
-  seq_len = q.shape[1]
-  return math.log(epsilon) - 2.0 * sm_scale * norm(q) * norm(k) - math.log(seq_len)
+  q_norm, k_norm, seq_len = norm(q), norm(k), q.shape[1]
+  if axis_name is not None:
+    q_norm, k_norm = lax.pmax(q_norm, axis_name), lax.pmax(k_norm, axis_name)
+    seq_len *= lax.axis_size(axis_name)
+  return math.log(epsilon) - 2.0 * sm_scale * q_norm * k_norm - math.log(seq_len)
 
 
 def skipped_tile_fraction(q, k, log_fgate, *, block_q=128, block_k=64, sm_scale=None,

@@ -18,13 +18,22 @@ Then d log_fgate = reverse cumsum of dc, because c_t = sum_{u <= t} log f_u.
 
 The decay bias c_i - c_j is formed per tile from the float32 cumsum, so no large constant is
 ever subtracted globally.
+
+Block pairs. Every sweep is written for a block of queries and a block of keys that may be two
+different stretches of one sequence: the queries' arrays (q, c_q, seg_q, and dO, lse, delta)
+and the keys' (k, v, c_k, seg_k) come separately, with ``offsets`` = (q_offset, k_offset), the
+global positions of their first elements (traced ints are fine). The causal and window loop
+bounds are taken from the global positions, so a pair whose keys all lie after its queries
+costs no tile. Single-device attention is the pair of the sequence with itself at offsets
+(0, 0); the context-parallel ring (context_parallel.py) calls the ``pair_*`` functions with the
+shards it holds and receives. For a pair, a row that sees no key gets o = 0 and lse = -inf,
+which the ring's merge and backward treat as "no contribution".
 """
 
 import jax.numpy as jnp
 from jax import lax
 
-from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, padded_length,
-                          query_block_end_in_window)
+from .block_sizes import BlockSizes, first_key_block_in_window, floor_div, heads_major, padded_length
 from .pruning import unless_skipped
 from . import row_term
 from .reference import tile_logits
@@ -59,10 +68,37 @@ def _dscores(p, do_blk, v_blk, delta):
   return p * (dp - delta[..., None])
 
 
+def _probabilities(s, lse):
+  """exp(s - lse) of a tile; a row with lse = -inf (it sees no key of this pair) gets zeros."""
+  return jnp.exp(s - jnp.where(jnp.isneginf(lse), jnp.inf, lse)[..., None])
+
+
+def _key_blocks(q_start, bq, bk, num_k_blocks, window, k_offset):
+  """[lo, hi) of the key blocks that the query block whose first row sits at global position
+  ``q_start`` can see: causal (no key after its last row) and, with a window, none wholly
+  before the band."""
+  seen = q_start + bq - k_offset  # keys at local index < seen precede the block's last row
+  hi = jnp.clip(floor_div(jnp.maximum(seen, 0) + bk - 1, bk), 0, num_k_blocks)
+  return first_key_block_in_window(q_start - k_offset, bk, window), hi
+
+
+def _query_blocks(k_start, bk, bq, num_q_blocks, window, q_offset):
+  """[lo, hi) of the query blocks that see the key block whose first key sits at global
+  position ``k_start``: none wholly before it (causal) and, with a window, none wholly past
+  the band (its last key is seen up to row k_start + bk + window - 2)."""
+  lo = jnp.minimum(floor_div(jnp.maximum(k_start - q_offset, 0), bq), num_q_blocks)
+  if window is None:
+    return lo, num_q_blocks
+  last_row = k_start + bk + window - 2 - q_offset
+  hi = jnp.where(last_row < 0, 0, jnp.minimum(floor_div(jnp.maximum(last_row, 0), bq) + 1, num_q_blocks))
+  return lo, hi
+
+
 def _sweep(tile, c, block, lo, hi, carry, thr, tile_gates):
   """``carry = tile(start, c of the block, carry)`` over blocks [lo, hi) of the side that moves
-  (keys in the forward and dq sweeps, queries in the dk/dv sweep). ``tile_gates(c of the
-  block)`` gives the tile's (c of its rows, c of its columns), by which pruning skips it."""
+  (keys in the forward and dq sweeps, queries in the dk/dv sweep); ``start`` is the block's
+  local index times ``block``. ``tile_gates(c of the block)`` gives the tile's (c of its rows,
+  c of its columns), by which pruning skips it."""
   def body(i, carry):
     start = i * block
     c_block = _slice(c, start, block, 2)
@@ -71,131 +107,138 @@ def _sweep(tile, c, block, lo, hi, carry, thr, tile_gates):
   return lax.fori_loop(lo, hi, body, carry)
 
 
-def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk, window):
-  """q, k, v: [B, H, T, D]; c, seg: [B, H, T]. Returns o [B, H, T, D], lse [B, H, T]."""
-  batch, heads, seq_len, head_dim = q.shape
+def _query_block_sweep(tile, q_side, k, c_k, thr, offsets, bq, bk, window, init):
+  """For every query block: ``tile(i_start, q_blocks, k_start, c_k_block, carry)`` over the key
+  blocks it sees, from ``init(q_blocks)``. ``q_side``: the queries' [B, H, T, ...] arrays, split
+  into blocks; returns the stacked per-block results merged back along T."""
+  q_offset, k_offset = offsets
+  num_k_blocks = k.shape[2] // bk
 
   def one_query_block(args):
-    i, q_blk, c_q, seg_q = args
-    q_start = i * bq
-    num_k_blocks = (q_start + bq + bk - 1) // bk  # causal: skip blocks right of the diagonal
+    i, *blocks = args
+    q_start = q_offset + i * bq
+    lo, hi = _key_blocks(q_start, bq, bk, num_k_blocks, window, k_offset)
+    c_q = blocks[1]
+    step = lambda start, c_blk, carry: tile(q_start, blocks, k_offset + start, start, c_blk, carry)
+    return _sweep(step, c_k, bk, lo, hi, init(blocks), thr, lambda c_blk: (c_q, c_blk))
 
-    def tile(k_start, c_k, carry):
-      m, l, acc = carry
-      s = _tile_logits(q_blk, _slice(k, k_start, bk, 2), c_q, c_k,
-                       seg_q, _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale, window)
-      m_new = jnp.maximum(m, s.max(axis=-1))
-      m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows masked so far stay at zero
-      p = jnp.exp(s - m_safe[..., None])
-      alpha = jnp.exp(m - m_safe)
-      l = alpha * l + p.sum(axis=-1)
-      pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), _slice(v, k_start, bk, 2),
-                      preferred_element_type=jnp.float32)
-      return m_new, l, alpha[..., None] * acc + pv
+  seq_len = q_side[0].shape[2]
+  stacked = (jnp.arange(seq_len // bq),) + tuple(_split_blocks(x, bq, 2) for x in q_side)
+  out = lax.map(one_query_block, stacked)
+  return out
 
-    init = (jnp.full((batch, heads, bq), -jnp.inf, jnp.float32),
-            jnp.zeros((batch, heads, bq), jnp.float32),
-            jnp.zeros((batch, heads, bq, head_dim), jnp.float32))
-    m, l, acc = _sweep(tile, c, bk, first_key_block_in_window(q_start, bk, window), num_k_blocks,
-                       init, thr, lambda c_k: (c_q, c_k))
-    # Every real row attends at least to itself, so l >= 1 there.
-    return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)
 
-  blocks = (jnp.arange(seq_len // bq), _split_blocks(q, bq, 2), _split_blocks(c, bq, 2),
-            _split_blocks(seg, bq, 2))
-  o, lse = lax.map(one_query_block, blocks)
+def pair_forward(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, bq, bk, window):
+  """q: [B, H, Tq, D], k, v: [B, H, Tk, D]; c_*, seg_*: [B, H, T*]. Returns o [B, H, Tq, D]
+  (float32) and lse [B, H, Tq]."""
+  batch, heads, _, head_dim = q.shape
+
+  def tile(q_start, blocks, k_start, local, c_blk, carry):
+    q_blk, c_blk_q, seg_blk_q = blocks
+    m, l, acc = carry
+    s = _tile_logits(q_blk, _slice(k, local, bk, 2), c_blk_q, c_blk, seg_blk_q,
+                     _slice(seg_k, local, bk, 2), q_start, k_start, sm_scale, window)
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows masked so far stay at zero
+    p = jnp.exp(s - m_safe[..., None])
+    alpha = jnp.exp(m - m_safe)
+    l = alpha * l + p.sum(axis=-1)
+    pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), _slice(v, local, bk, 2),
+                    preferred_element_type=jnp.float32)
+    return m_new, l, alpha[..., None] * acc + pv
+
+  init = lambda blocks: (jnp.full((batch, heads, bq), -jnp.inf, jnp.float32),
+                         jnp.zeros((batch, heads, bq), jnp.float32),
+                         jnp.zeros((batch, heads, bq, head_dim), jnp.float32))
+  m, l, acc = _query_block_sweep(tile, (q, c_q, seg_q), k, c_k, thr, offsets, bq, bk, window, init)
+  seen = l > 0  # in self-attention every row sees itself; in a pair a row may see nothing
+  o = acc / jnp.where(seen, l, 1.0)[..., None]
+  lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
   return _merge_blocks(o, 2), _merge_blocks(lse, 2)
 
 
-def _row_term(q, k, v, c, seg, thr, do, lse, sm_scale, bq, bk, window):
-  """delta_i = sum_j P_ij dP_ij [B, H, T] in float32, over the same tiles as the dq sweep (see
-  row_term.py: with bf16/fp16 inputs this replaces rowsum(o * dO))."""
-  seq_len = q.shape[2]
+def pair_row_term(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, sm_scale, bq, bk, window):
+  """This pair's part of delta_i = sum_j P_ij dP_ij [B, H, Tq] in float32, over the same tiles
+  as the dq sweep (see row_term.py: with bf16/fp16 inputs this replaces rowsum(o * dO)); ``lse``
+  is the row's log-normalizer over all keys."""
 
-  def one_query_block(args):
-    i, q_blk, c_q, seg_q, do_blk, lse_blk = args
-    q_start = i * bq
+  def tile(q_start, blocks, k_start, local, c_blk, delta):
+    q_blk, c_blk_q, seg_blk_q, do_blk, lse_blk = blocks
+    s = _tile_logits(q_blk, _slice(k, local, bk, 2), c_blk_q, c_blk, seg_blk_q,
+                     _slice(seg_k, local, bk, 2), q_start, k_start, sm_scale, window)
+    dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, _slice(v, local, bk, 2),
+                    preferred_element_type=jnp.float32)
+    return delta + jnp.sum(_probabilities(s, lse_blk) * dp, axis=-1)
 
-    def tile(k_start, c_k, delta):
-      s = _tile_logits(q_blk, _slice(k, k_start, bk, 2), c_q, c_k, seg_q,
-                       _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale, window)
-      p = jnp.exp(s - lse_blk[..., None])
-      dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, _slice(v, k_start, bk, 2),
-                      preferred_element_type=jnp.float32)
-      return delta + jnp.sum(p * dp, axis=-1)
-
-    num_k_blocks = (q_start + bq + bk - 1) // bk
-    return _sweep(tile, c, bk, first_key_block_in_window(q_start, bk, window), num_k_blocks,
-                  jnp.zeros(c_q.shape, jnp.float32), thr, lambda c_k: (c_q, c_k))
-
-  blocks = (jnp.arange(seq_len // bq),) + tuple(
-      _split_blocks(x, bq, 2) for x in (q, c, seg, do, lse))
-  return _merge_blocks(lax.map(one_query_block, blocks), 2)
+  init = lambda blocks: jnp.zeros(blocks[1].shape, jnp.float32)
+  delta = _query_block_sweep(tile, (q, c_q, seg_q, do, lse), k, c_k, thr, offsets, bq, bk, window, init)
+  return _merge_blocks(delta, 2)
 
 
-def _backward_dq(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window):
-  seq_len = q.shape[2]
+def pair_backward_dq(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, delta, sm_scale, bq, bk,
+                     window):
+  """This pair's part of dq [B, H, Tq, D], float32 (not yet times sm_scale)."""
 
-  def one_query_block(args):
-    i, q_blk, c_q, seg_q, do_blk, lse_blk, delta_blk = args
-    q_start = i * bq
+  def tile(q_start, blocks, k_start, local, c_blk, dq):
+    q_blk, c_blk_q, seg_blk_q, do_blk, lse_blk, delta_blk = blocks
+    k_blk, v_blk = _slice(k, local, bk, 2), _slice(v, local, bk, 2)
+    s = _tile_logits(q_blk, k_blk, c_blk_q, c_blk, seg_blk_q, _slice(seg_k, local, bk, 2), q_start,
+                     k_start, sm_scale, window)
+    ds = _dscores(_probabilities(s, lse_blk), do_blk, v_blk, delta_blk)
+    return dq + jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_blk, preferred_element_type=jnp.float32)
 
-    def tile(k_start, c_k, dq):
-      k_blk, v_blk = _slice(k, k_start, bk, 2), _slice(v, k_start, bk, 2)
-      s = _tile_logits(q_blk, k_blk, c_q, c_k, seg_q,
-                       _slice(seg, k_start, bk, 2), q_start, k_start, sm_scale, window)
-      p = jnp.exp(s - lse_blk[..., None])
-      ds = _dscores(p, do_blk, v_blk, delta_blk)
-      return dq + jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_blk,
-                             preferred_element_type=jnp.float32)
-
-    num_k_blocks = (q_start + bq + bk - 1) // bk
-    dq = _sweep(tile, c, bk, first_key_block_in_window(q_start, bk, window), num_k_blocks,
-                jnp.zeros(q_blk.shape, jnp.float32), thr, lambda c_k: (c_q, c_k))
-    return (dq * sm_scale).astype(q.dtype)
-
-  blocks = (jnp.arange(seq_len // bq),) + tuple(
-      _split_blocks(x, bq, 2) for x in (q, c, seg, do, lse, delta))
-  return _merge_blocks(lax.map(one_query_block, blocks), 2)
+  init = lambda blocks: jnp.zeros(blocks[0].shape, jnp.float32)
+  dq = _query_block_sweep(tile, (q, c_q, seg_q, do, lse, delta), k, c_k, thr, offsets, bq, bk, window, init)
+  return _merge_blocks(dq, 2)
 
 
-def _backward_dkv(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window):
-  seq_len = q.shape[2]
+def pair_backward_dkv(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, delta, sm_scale, bq, bk,
+                      window):
+  """This pair's part of (dk (not yet times sm_scale), dv, dc_k), all float32."""
+  q_offset, k_offset = offsets
+  num_q_blocks = q.shape[2] // bq
 
   def one_key_block(args):
-    j, k_blk, v_blk, c_k, seg_k = args
-    k_start = j * bk
+    j, k_blk, v_blk, c_blk_k, seg_blk_k = args
+    k_start = k_offset + j * bk
 
-    def tile(q_start, c_q, carry):
+    def tile(local, c_blk_q, carry):
       dk, dv, dc = carry
-      q_blk, do_blk = _slice(q, q_start, bq, 2), _slice(do, q_start, bq, 2)
-      s = _tile_logits(q_blk, k_blk, c_q, c_k,
-                       _slice(seg, q_start, bq, 2), seg_k, q_start, k_start, sm_scale, window)
-      p = jnp.exp(s - _slice(lse, q_start, bq, 2)[..., None])
-      dv = dv + jnp.einsum("bhqk,bhqd->bhkd", p.astype(do.dtype), do_blk,
-                           preferred_element_type=jnp.float32)
-      ds = _dscores(p, do_blk, v_blk, _slice(delta, q_start, bq, 2))
-      dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_blk,
-                           preferred_element_type=jnp.float32)
+      q_blk, do_blk = _slice(q, local, bq, 2), _slice(do, local, bq, 2)
+      s = _tile_logits(q_blk, k_blk, c_blk_q, c_blk_k, _slice(seg_q, local, bq, 2), seg_blk_k,
+                       q_offset + local, k_start, sm_scale, window)
+      p = _probabilities(s, _slice(lse, local, bq, 2))
+      dv = dv + jnp.einsum("bhqk,bhqd->bhkd", p.astype(do.dtype), do_blk, preferred_element_type=jnp.float32)
+      ds = _dscores(p, do_blk, v_blk, _slice(delta, local, bq, 2))
+      dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_blk, preferred_element_type=jnp.float32)
       return dk, dv, dc - ds.sum(axis=-2)
 
-    first_q_block = k_start // bq  # causal: query blocks above the diagonal see nothing here
-    # window: nor do the query blocks below the band
-    end_q_block = query_block_end_in_window(k_start, bk, bq, seq_len // bq, window)
+    lo, hi = _query_blocks(k_start, bk, bq, num_q_blocks, window, q_offset)
     zeros = jnp.zeros(k_blk.shape, jnp.float32)
-    dk, dv, dc = _sweep(tile, c, bq, first_q_block, end_q_block,
-                        (zeros, zeros, jnp.zeros(c_k.shape, jnp.float32)), thr,
-                        lambda c_q: (c_q, c_k))
-    return (dk * sm_scale).astype(k.dtype), dv.astype(v.dtype), dc
+    return _sweep(tile, c_q, bq, lo, hi, (zeros, zeros, jnp.zeros(c_blk_k.shape, jnp.float32)), thr,
+                  lambda c_blk_q: (c_blk_q, c_blk_k))
 
-  blocks = (jnp.arange(seq_len // bk), _split_blocks(k, bk, 2), _split_blocks(v, bk, 2),
-            _split_blocks(c, bk, 2), _split_blocks(seg, bk, 2))
+  blocks = (jnp.arange(k.shape[2] // bk),) + tuple(_split_blocks(x, bk, 2) for x in (k, v, c_k, seg_k))
   dk, dv, dc = lax.map(one_key_block, blocks)
   return _merge_blocks(dk, 2), _merge_blocks(dv, 2), _merge_blocks(dc, 2)
 
 
-def _backward(*args):
-  return (_backward_dq(*args), *_backward_dkv(*args))
+# Self-attention: the sequence paired with itself, in the layout of vjp.BackendKernels.
+
+def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk, window):
+  o, lse = pair_forward(q, k, v, c, c, seg, seg, thr, (0, 0), sm_scale, bq, bk, window)
+  return o.astype(q.dtype), lse
+
+
+def _row_term(q, k, v, c, seg, thr, do, lse, *static):
+  return pair_row_term(q, k, v, c, c, seg, seg, thr, (0, 0), do, lse, *static)
+
+
+def _backward(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window):
+  args = (q, k, v, c, c, seg, seg, thr, (0, 0), do, lse, delta, sm_scale, bq, bk, window)
+  dq = pair_backward_dq(*args)
+  dk, dv, dc = pair_backward_dkv(*args)
+  return ((dq * sm_scale).astype(q.dtype), (dk * sm_scale).astype(k.dtype), dv.astype(v.dtype), dc)
 
 
 # static = (sm_scale, bq, bk, window)

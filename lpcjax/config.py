@@ -96,9 +96,11 @@ class TrainConfig:
   max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
   grad_accum_steps: int = 1  # micro-batches per step (data.batch_size is the whole step)
   tensorboard: bool = False  # also write TensorBoard event files (needs the [tensorboard] extra)
-  # Device mesh ("data", "fsdp", "tensor"); -1 takes all devices left over by the others.
+  # Device mesh ("data", "fsdp", "context", "tensor"); -1 takes all devices left over by the
+  # others. mesh_context > 1 shards the sequence (context parallelism; docs/training.md).
   mesh_data: int = -1
   mesh_fsdp: int = 1
+  mesh_context: int = 1
   mesh_tensor: int = 1
   # Logical-axis rules as "logical=mesh_axis[+mesh_axis]" or "logical=none"; they replace the
   # matching entries of lpcjax.sharding.DEFAULT_RULES.
@@ -124,10 +126,10 @@ class TrainConfig:
     require(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
     require(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
     require(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
-    for name in ("mesh_data", "mesh_fsdp", "mesh_tensor"):
-      value = getattr(self, name)
+    mesh = [self.mesh_data, self.mesh_fsdp, self.mesh_context, self.mesh_tensor]
+    for name, value in zip(("mesh_data", "mesh_fsdp", "mesh_context", "mesh_tensor"), mesh):
       require(value == -1 or value >= 1, f"train.{name}", f"must be >= 1 or -1 (all remaining), got {value}")
-    require([self.mesh_data, self.mesh_fsdp, self.mesh_tensor].count(-1) <= 1, "train.mesh_data",
+    require(mesh.count(-1) <= 1, "train.mesh_data",
             "at most one mesh axis can be -1")
     for rule in self.lr_scales:
       pattern, _, factor = rule.partition("=")

@@ -64,7 +64,8 @@ def load_run(run_dir, mesh=None, step=None, tokenizer_file=None):
   ``tokenizer_file`` replaces the run's recorded rank file (see ``with_tokenizer``)."""
   config = read_config(run_dir)
   if mesh is None:
-    mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1))
+    mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1,
+                                                         mesh_context=1, mesh_tensor=1))
   rules = rules_from_config(config.train)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     config, family, model, state = restore_state(run_dir, mesh, rules, step)

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from lpcjax.kernels import forgetting_attention, segment_starts, sharded_forgetting_attention
-from lpcjax.sharding import attention_mesh_axes
+from lpcjax.sharding import attention_mesh_axes, shift_along_sequence
 
 from .common import Projection, RMSNorm, dtype_of, normal_init
 from .forget_gate import ForgetGate, GateConfig
@@ -109,7 +109,7 @@ class KVShift(nn.Module):
                          x.astype(jnp.float32))
     alpha = jax.nn.sigmoid(alpha)[..., None]  # [batch, seq, heads, 1]
     first = jnp.zeros_like(candidate[:, :1]) if previous is None else previous[:, None].astype(candidate.dtype)
-    previous = jnp.concatenate([first, candidate[:, :-1]], axis=1)
+    previous = shift_along_sequence(candidate, first, HEADS)
     if segment_ids is not None:  # nothing shifts across a document boundary
       previous = jnp.where(segment_starts(segment_ids)[:, :, None, None], 0, previous)
     shifted = alpha * previous.astype(jnp.float32) + (1 - alpha) * candidate.astype(jnp.float32)
@@ -185,10 +185,11 @@ class ForgettingAttention(nn.Module):
       placement = None if cfg.debug else attention_mesh_axes(x.shape[0], heads)
       if placement is None:
         o = forgetting_attention(q, k, v, log_fgate, **options)
-      else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard
-        mesh, batch_axes, head_axes = placement
+      else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard,
+        # and a sequence-sharded input over the ring of context_parallel.py
+        mesh, batch_axes, head_axes, context_axis = placement
         o = sharded_forgetting_attention(q, k, v, log_fgate, mesh=mesh, batch_axes=batch_axes,
-                                         head_axes=head_axes, **options)
+                                         head_axes=head_axes, context_axis=context_axis, **options)
       if cache is not None:
         cache = prefilled_cache(cache, k, v, log_fgate, context)
     if cache is not None and cfg.use_kv_shift:  # (never streaming: checked above)

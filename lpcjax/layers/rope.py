@@ -1,9 +1,9 @@
 """Rotary position embedding (RoPE) with a configurable base theta."""
 
 import jax.numpy as jnp
-from jax import lax
 
 from lpcjax.kernels import segment_starts
+from lpcjax.sharding import cummax_along_sequence
 
 
 def segment_positions(segment_ids, seq_len):
@@ -11,7 +11,8 @@ def segment_positions(segment_ids, seq_len):
   positions = jnp.arange(seq_len, dtype=jnp.int32)[None, :]
   if segment_ids is None:
     return positions
-  start_pos = lax.cummax(jnp.where(segment_starts(segment_ids), positions, 0), axis=1)
+  starts = jnp.where(segment_starts(segment_ids), positions, 0)
+  start_pos = cummax_along_sequence(starts, ("activation_batch", "activation_length"))
   return positions - start_pos
 
 

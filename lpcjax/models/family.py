@@ -36,6 +36,10 @@ class Family:
   * ``init_cache(config, batch, max_len)``: for families that decode token by token
     (``lpcjax.decoding``), an empty cache that ``module.apply(params, tokens, segment_ids,
     cache)`` prefills and then extends one token at a time; None: no cached decoding.
+  * ``context_parallel``: whether the model may run with its sequence sharded over the mesh's
+    "context" axis (``train.mesh_context``): every op that mixes positions is either attention
+    (context-parallel) or partitioned correctly by GSPMD without gathering the sequence. A
+    recurrence along the sequence (a scan) is not, so such families say False.
   """
 
   name: str
@@ -51,6 +55,7 @@ class Family:
   throughput_unit: str = "examples"
   units_per_example: Callable = lambda config: 1
   init_cache: Optional[Callable] = None
+  context_parallel: bool = False
 
   def build(self, config):
     if not isinstance(config, self.config_cls):

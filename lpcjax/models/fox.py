@@ -125,5 +125,6 @@ class FoXConfig(GateFields, TransformerConfig):
             f"must be in (0, 1) or None, got {self.prune_epsilon}")
 
 
-register(language_model_family("transformer", TransformerConfig, DecoderLM, init_cache=init_cache))
-register(language_model_family("fox", FoXConfig, DecoderLM, init_cache=init_cache))
+register(language_model_family("transformer", TransformerConfig, DecoderLM, init_cache=init_cache,
+                               context_parallel=True))
+register(language_model_family("fox", FoXConfig, DecoderLM, init_cache=init_cache, context_parallel=True))

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from lpcjax import experiment, models
 from lpcjax.data import make_dataset, make_iterator
 from lpcjax.files import write_json_atomic
-from lpcjax.sharding import check_divisible, make_mesh, rules_from_config
+from lpcjax.sharding import check_divisible, context_ways, make_mesh, rules_from_config
 
 from .checkpoint import Checkpointer
 from .run_directory import RunExistsError  # noqa: F401  (re-exported: train() raises it)
@@ -56,12 +56,18 @@ class TrainingData:
           f"data.batch_size: {config.data.batch_size} is not divisible by the data axes (data x fsdp "
           f"= {data_ways}) times train.grad_accum_steps={config.train.grad_accum_steps}")
     self.sharding = NamedSharding(mesh, P(("data", "fsdp")))
+    # [batch, seq] leaves (tokens, targets, masks, segment ids) split their sequence too
+    self.sequence_sharding = NamedSharding(mesh, P(("data", "fsdp"), "context"))
+    self.context = context_ways(mesh) > 1
     self.train = make_iterator(make_dataset(config.data, config.train.seed, "train"))
     max_examples = config.train.eval_batches * config.data.batch_size or None
     self.eval = make_dataset(config.data, config.train.seed, "eval", max_examples=max_examples)
 
   def place(self, batch):
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.sharding, x), batch)
+    def placed(x):
+      sharding = self.sequence_sharding if self.context and x.ndim >= 2 else self.sharding
+      return jax.make_array_from_process_local_data(sharding, x)
+    return jax.tree.map(placed, batch)
 
   def evaluate(self, state, eval_fn):
     """``eval_<name>`` = the mean of every metric over the whole evaluation set (sums and
@@ -77,6 +83,21 @@ class TrainingData:
     record = {f"eval_{name}": mean for name, mean in metric_means(totals).items()}
     record.update(eval_weight=totals["loss"][1], eval_examples=int(examples))
     return record
+
+
+def check_context_parallel(family, config, mesh):
+  """A one-line ConfigError when the mesh shards the sequence and the model or its length cannot
+  take it (the ring's load-balanced layout cuts the sequence into 2 x mesh_context chunks)."""
+  ways = context_ways(mesh)
+  if ways == 1:
+    return
+  if not family.context_parallel:
+    able = ", ".join(name for name in models.names() if models.get(name).context_parallel)
+    raise experiment.ConfigError(f"train.mesh_context: the {family.name} family cannot shard its sequence (a "
+                                 f"recurrence runs along it; families that can: {able}); use train.mesh_context=1")
+  if config.data.seq_len % (2 * ways):
+    raise experiment.ConfigError(f"train.mesh_context: {ways}-way context parallelism needs data.seq_len to be a "
+                                 f"multiple of {2 * ways}, got {config.data.seq_len}")
 
 
 def compiled_steps(family, config, shardings):
@@ -145,6 +166,7 @@ def train(config, resume=False, progress=True, devices=None):
   family = models.get(config.model.family)
   model = family.build(config.model)
   mesh = make_mesh(config.train, devices)
+  check_context_parallel(family, config, mesh)
   rules = rules_from_config(config.train)
   with stop_requests() as stop, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     data = TrainingData(config, mesh)

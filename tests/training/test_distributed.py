@@ -60,7 +60,7 @@ def test_mesh_and_single_device_give_the_same_losses(tmp_path):
   one, _ = train(tiny_experiment(tmp_path, *common, "train.mesh_data=1", name="one"), progress=False,
                  devices=jax.devices()[:1])
   eight, summary = train(tiny_experiment(tmp_path, *common, *MESH_2X2X2, name="eight"), progress=False)
-  assert summary["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert summary["mesh"] == {"data": 2, "fsdp": 2, "context": 1, "tensor": 2}
   np.testing.assert_allclose(losses_of(eight), losses_of(one), rtol=2e-5)  # reduction order differs
 
 
@@ -106,7 +106,7 @@ def test_resume_on_another_mesh_reshards(tmp_path):
   for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(saved)):
     np.testing.assert_array_equal(a, b)
   _, summary = train(second, resume=True, progress=False)
-  assert summary["mesh"] == {"data": 4, "fsdp": 1, "tensor": 2} and summary["step"] == 8
+  assert summary["mesh"] == {"data": 4, "fsdp": 1, "context": 1, "tensor": 2} and summary["step"] == 8
   np.testing.assert_allclose(losses_of(run_dir), losses_of(straight_dir), rtol=2e-5)
   for a, b in zip(jax.tree.leaves(final_params(run_dir, first)), jax.tree.leaves(final_params(straight_dir, first))):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -104,7 +104,7 @@ def test_two_processes_train_and_resume_like_one(tmp_path):
     for result in launch_results:
       assert (result["process_count"], result["local_device_count"], result["device_count"]) == (2, 2, 4)
   for result in (*first, *resumed, reference):
-    assert result["summary"]["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+    assert result["summary"]["mesh"] == {"data": 4, "fsdp": 1, "context": 1, "tensor": 1}
   assert [r["summary"]["step"] for r in (*resumed, reference)] == [10, 10, 10]
 
   # Both processes saved their parts of checkpoints 3, 6, 9 and 10 (the last 3 are kept), and

@@ -212,7 +212,8 @@ def test_mesh_errors_are_one_line_and_write_nothing(tmp_path):
   result = subprocess.run([sys.executable, str(REPO / "train.py"), "train.mesh_data=3", f"train.run_dir={tmp_path}"],
                           capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "XLA_FLAGS": ""})
   assert result.returncode == 2
-  assert result.stderr.strip() == "error: train.mesh_data: data x fsdp x tensor = 3 x 1 x 1 needs 3 devices, found 1"
+  assert result.stderr.strip() == ("error: train.mesh_data: data x fsdp x context x tensor = 3 x 1 x 1 x 1 needs 3 "
+                                   "devices, found 1")
   if len(jax.devices()) >= 8:
     cfg = tiny_experiment(tmp_path, "train.mesh_tensor=8", "train.mesh_data=1", name="t")  # 4 heads
     with pytest.raises(C.ConfigError, match=r"train.mesh_tensor: 8-way sharding over tensor does not divide "

@@ -7,7 +7,7 @@ T. The batch is one sequence (mesh data 1, context N): what a user trains when a
 sequence is the unit that does not fit. Prints two tables and writes JSON.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/context_parallel.py \\
-      [--seq-len 8192] [--devices 1 2 4 8] [--budget-mib 512] [--out FILE]
+      [--seq-len 8192] [--devices 1 2 4 8] [--budget-mib 2048] [--out FILE]
 """
 
 import argparse
@@ -71,7 +71,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seq-len", type=int, default=8192)
   parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
-  parser.add_argument("--budget-mib", type=float, default=512.0)
+  parser.add_argument("--budget-mib", type=float, default=2048.0)
   parser.add_argument("--out", default=None,
                       help="JSON path (default benchmarks/results/context_parallel_<backend>.json)")
   args = parser.parse_args()

@@ -26,6 +26,7 @@ from typing import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -98,6 +99,14 @@ def check_context_parallel(family, config, mesh):
   if config.data.seq_len % (2 * ways):
     raise experiment.ConfigError(f"train.mesh_context: {ways}-way context parallelism needs data.seq_len to be a "
                                  f"multiple of {2 * ways}, got {config.data.seq_len}")
+  # Each process reads whole sequences of its share of the batch (TrainingData.place), so the
+  # devices of one context group must belong to one process.
+  processes = np.vectorize(lambda device: device.process_index)(mesh.devices)
+  context = list(mesh.axis_names).index("context")
+  if (processes != np.take(processes, [0], axis=context)).any():
+    raise experiment.ConfigError(f"train.mesh_context: the {ways} devices of a context group must be on one host "
+                                 f"(each process reads whole sequences); use at most "
+                                 f"{jax.local_device_count()} per host")
 
 
 def compiled_steps(family, config, shardings):

@@ -140,3 +140,19 @@ def test_families_and_lengths_that_cannot_shard_their_sequence_say_so(tmp_path):
     train(odd, progress=False)
   assert not os.listdir(tmp_path)  # nothing written
   assert json.dumps(C.to_dict(odd)["train"]["mesh_context"]) == "4"
+
+
+def test_a_context_group_spanning_hosts_is_refused(tmp_path):
+  """Each process reads whole sequences, so a context group must not span processes (checked
+  on a stand-in mesh whose devices claim two processes: one CPU process cannot have two)."""
+  from lpcjax.training.loop import check_context_parallel
+  cfg = tiny_experiment(tmp_path, *DATA2_CONTEXT4)
+  real = make_mesh(cfg.train)
+  host = lambda index: type("Device", (), {"process_index": index})()
+  by_data = np.array([[[[host(0)]] * 4], [[[host(1)]] * 4]], dtype=object)  # [data 2, fsdp 1, context 4, tensor 1]
+  by_context = np.array([[[[host(i // 2)] for i in range(4)]]] * 2, dtype=object)
+  stand_in = lambda devices: type("Mesh", (), {"devices": devices, "axis_names": real.axis_names,
+                                               "shape": real.shape})()
+  check_context_parallel(models.get("fox"), cfg, stand_in(by_data))  # hosts split the data axis: fine
+  with pytest.raises(C.ConfigError, match="the 4 devices of a context group must be on one host"):
+    check_context_parallel(models.get("fox"), cfg, stand_in(by_context))

@@ -28,17 +28,18 @@ DATA2_CONTEXT4 = ("train.mesh_data=2", "train.mesh_context=4")
 FSDP2_CONTEXT2_TENSOR2 = ("train.mesh_data=1", "train.mesh_fsdp=2", "train.mesh_context=2", "train.mesh_tensor=2")
 
 
-@pytest.mark.parametrize("family,block,mesh", [
-    ("fox", "llama", DATA2_CONTEXT4), ("fox", "pro", DATA2_CONTEXT4), ("transformer", "llama", DATA2_CONTEXT4),
-    ("fox", "pro", FSDP2_CONTEXT2_TENSOR2)])
-def test_model_on_a_context_mesh_equals_one_device(family, block, mesh):
+@pytest.mark.parametrize("family,block,mesh,window", [
+    ("fox", "llama", DATA2_CONTEXT4, None), ("fox", "pro", DATA2_CONTEXT4, None),
+    ("transformer", "llama", DATA2_CONTEXT4, None), ("fox", "pro", FSDP2_CONTEXT2_TENSOR2, None),
+    ("fox", "llama", DATA2_CONTEXT4, 12)])
+def test_model_on_a_context_mesh_equals_one_device(family, block, mesh, window):
   """Logits and every parameter gradient on a (data 2, context 4) mesh, and beside FSDP and
   tensor parallelism, with packed documents that cross the shard boundaries: the Pro block's
   KV-shift and the Transformer's RoPE positions (counted from each document's start) cross
-  them too."""
+  them too; with a 12-token window over 8-token shards the ring visits two shards back."""
   config_cls = models.get(family).config_cls
   cfg = config_cls(vocab_size=50, d_model=32, num_layers=2, num_heads=4, mlp_multiple_of=32, block=block,
-                   attention_impl="xla")
+                   attention_impl="xla", attention_window=window)
   model = models.get(family).build(cfg)
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, 50, size=(4, 32)))

@@ -77,7 +77,11 @@ class PMTConfig:
   rope_theta: float = 10000.0
   norm_eps: float = 1e-6
   # pre-training (pmt_losses)
-  view_noise: tuple[float, ...] = (0.01, 0.03)  # std of the jitter of view 1 and view 2
+  # Views (pmt_losses.augment), one entry per view. The spec's are jitter only (0.01 / 0.03); so
+  # weak that the two views of a series nearly coincide and PCL sits at its floor at once.
+  view_noise: tuple[float, ...] = (0.01, 0.03)  # std of the additive jitter
+  view_scale: tuple[float, ...] = (0.0, 0.0)  # std of a per-series, per-channel factor 1 + N(0, s²)
+  view_mask: tuple[float, ...] = (0.0, 0.0)  # fraction of samples set to 0
   icl_weight: float = 1.0  # λ; 0 switches a loss off
   hgcl_weight: float = 1.0
   pcl_weight: float = 1.0
@@ -101,8 +105,10 @@ class PMTConfig:
     require(0 < self.window_fraction <= 1, "model.window_fraction", f"must be in (0, 1], got {self.window_fraction}")
     require(self.window_tokens >= 0 and self.window_stride >= 0, "model.window_tokens",
             "window_tokens and window_stride must be >= 0 (0: from window_fraction)")
-    require(len(self.view_noise) == 2 and min(self.view_noise) >= 0, "model.view_noise",
-            f"two standard deviations >= 0, got {self.view_noise}")
+    for name in ("view_noise", "view_scale", "view_mask"):
+      value = getattr(self, name)
+      require(len(value) == 2 and min(value) >= 0, f"model.{name}", f"two values >= 0 (one per view), got {value}")
+    require(max(self.view_mask) < 1, "model.view_mask", f"a fraction < 1, got {self.view_mask}")
     for name in ("icl_weight", "hgcl_weight", "pcl_weight", "dropout", "projection_dropout", "state_noise"):
       require(getattr(self, name) >= 0, f"model.{name}", "must be >= 0")
     for name in ("icl_temperature", "hgcl_temperature", "hgcl_token_sigma", "hgcl_window_sigma", "pcl_temperature"):
@@ -135,6 +141,30 @@ class PMTConfig:
     stride = self.window_stride or max(1, window // 2)
     require(stride <= window, "model.window_stride", f"{stride} is larger than the window ({window} tokens)")
     return window, stride, num_windows(num_tokens, window, stride)
+
+
+# The memory gates of pmt-spec.md §9's own parameter group (``train.gate_patterns``): the
+# reset/carry gate, the write and read gates, the SkipGate, the aggregator's γ and head × copy
+# bias. Scalars and zero-init rows whose gradients are small and noisy beside the rest.
+GATE_PATTERNS = ("carry_gate", "/write/", "read_gate", "skip_gate", "aggregator/gamma", "copy_bias")
+
+
+def gate_values(params, config):
+  """{block: {gate: value}} of a PMT's params: the carry share σ(θ_g), the write gate's opening
+  at init input u = σ(b_u / T_u), the read gate σ(b_r), the SkipGate σ(θ_s) and γ ({} for the
+  full-attention baseline). The write and read gates also have input weights; their biases are
+  what the init sets, so they say whether the gates moved."""
+  if config.attention != "pma":
+    return {}
+  sigmoid = lambda v: float(1 / (1 + np.exp(-float(np.asarray(v)))))
+  out = {}
+  for name, block in params["pma"].items():
+    out[name] = {"carry": sigmoid(block["carry_gate"]),
+                 "write_u0": sigmoid(np.asarray(block["write"]["bias"])[0] / PMAConfig.write_gate_temperature),
+                 "read": sigmoid(np.asarray(block["read_gate"]["bias"])[0]),
+                 "skip": sigmoid(block["aggregator"]["skip_gate"]),
+                 "gamma": float(np.asarray(block["aggregator"]["gamma"]))}
+  return out
 
 
 def sinusoidal_positions(length, dim):

@@ -106,8 +106,12 @@ def state_shardings(family, model, config, optimizer, mesh, rules):
   param_shardings, mutable_shardings = _split_variables(family, variable_shardings)
   abstract = jax.eval_shape(lambda: _create(family, model, config, optimizer))
   replicated = NamedSharding(mesh, P())
-  opt_shardings = optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract.opt_state,
-                                        param_shardings, transform_non_params=lambda _: replicated)
+  # A parameter group (optax.multi_transform) holds an empty MaskedNode for each parameter of
+  # the other group: it stays as it is.
+  masked = lambda leaf: isinstance(leaf, optax.MaskedNode)
+  opt_shardings = optax.tree_map_params(optimizer, lambda leaf, sharding: leaf if masked(leaf) else sharding,
+                                        abstract.opt_state, param_shardings,
+                                        transform_non_params=lambda _: replicated, is_leaf=masked)
   shardings = abstract.replace(step=replicated, params=param_shardings, opt_state=opt_shardings,
                                mutable=mutable_shardings)
   return abstract, shardings

@@ -5,9 +5,9 @@
   python train.py --config pmt:paper data.train_file=... data.eval_file=...   # GPU sizes
   python eval.py --run runs/<run>                                  # linear and cue probes
 
-Variants: tiny, tiny_full, tiny_full_matched, tiny_stateless, tiny_no_pcl (λ_PCL = 0), paper, paper_full,
-paper_full_matched. ``_full`` is the paper's baseline (as many full-attention layers as PMA blocks,
-fewer parameters: a PMA block also holds the aggregator and a second MLP); ``_full_matched`` has
+Variants (each size): "", _full, _full_matched, _stateless, _no_pcl (λ_PCL = 0), _cue (non-overlapping
+windows: the PMA the paper's cue-retention probe ran). ``_full`` is the paper's baseline (as many
+full-attention layers as PMA blocks, fewer parameters: a PMA block also holds the aggregator and a second MLP); ``_full_matched`` has
 twice the layers, within a few % of PMT's parameter count.
 
 Gates (pmt-spec.md §9): the memory gates (``lpcjax.models.pmt.GATE_PATTERNS``) are their own
@@ -37,7 +37,8 @@ GATE_LR_SCALE = 10.0
 GATES = dict(gate_patterns=GATE_PATTERNS, gate_adam_b2=0.95, gate_grad_clip=100.0,
              lr_scales=tuple(f"{pattern}={GATE_LR_SCALE:g}" for pattern in GATE_PATTERNS))
 VARIANTS = {"": {}, "_full": {"attention": "full"}, "_full_matched": {"attention": "full", "num_blocks": 6},
-            "_stateless": {"memory": "stateless"}, "_no_pcl": {"pcl_weight": 0.0}}
+            "_stateless": {"memory": "stateless"}, "_no_pcl": {"pcl_weight": 0.0},
+            "_cue": {"window_stride_fraction": 1.0}}
 
 
 def get_config(name="tiny"):

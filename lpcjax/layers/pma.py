@@ -392,3 +392,16 @@ class PMAStack(nn.Module):
       lower = memories if self.config.memory == "progressive" else None
       x, memories = PMABlock(self.config, self.window, self.stride, name=f"block_{b}")(x, valid, lower, train)
     return x, memories
+
+
+def gate_values(stack_params, write_gate_temperature=PMAConfig.write_gate_temperature):
+  """{block: {gate: value}} of a PMAStack's params: the carry share σ(θ_g), the write gate's
+  opening at zero input u = σ(b_u / T_u), the read gate σ(b_r), the SkipGate σ(θ_s) and γ. The
+  write and read gates also have input weights; their biases are what the init sets, so they
+  say whether (and where) the gates moved."""
+  sigmoid = lambda v: float(1 / (1 + np.exp(-float(np.asarray(v).reshape(-1)[0]))))
+  return {name: {"carry": sigmoid(block["carry_gate"]),
+                 "write_u0": sigmoid(np.asarray(block["write"]["bias"]) / write_gate_temperature),
+                 "read": sigmoid(block["read_gate"]["bias"]), "skip": sigmoid(block["aggregator"]["skip_gate"]),
+                 "gamma": float(np.asarray(block["aggregator"]["gamma"]))}
+          for name, block in stack_params.items()}

@@ -13,7 +13,8 @@ neighbourhood-masked layers -> read-outs:
 * ``cls_z`` [batch, p] and ``memory_z`` [batch, N, n_m, p]: the contrastive projections
   (ℓ2-normalized; one head per memory slot, as in the later code).
 
-Windows: W = ⌊ρK⌋ (``window_fraction`` ρ = 0.2, or ``window_tokens``), S = ⌊W/2⌋.
+Windows: W = ⌊ρK⌋ (``window_fraction`` ρ = 0.2, or ``window_tokens``), S = ⌊W/2⌋ (or
+``window_stride_fraction`` · W, 1 for the non-overlapping windows of the paper's cue probe).
 The losses are in ``lpcjax.models.pmt_losses``; the evaluator (probes) in
 ``lpcjax.evaluation.series``.
 """
@@ -58,7 +59,8 @@ class PMTConfig:
   num_slots: int = 1  # n_m
   window_fraction: float = 0.2  # ρ: W = ⌊ρK⌋
   window_tokens: int = 0  # > 0: W directly
-  window_stride: int = 0  # > 0: S directly; 0: ⌊W/2⌋
+  window_stride: int = 0  # > 0: S directly; 0: ⌊window_stride_fraction · W⌋
+  window_stride_fraction: float = 0.5  # the spec's S = ⌊W/2⌋; 1: non-overlapping windows (the cue probe's PMA)
   memory: str = "progressive"  # "stateless": no carrier, no vertical reuse (ablation)
   streaming: bool = False  # scan over windows (O(W) memory); same function as vectorized
   state_attends_prev: bool = True
@@ -103,6 +105,8 @@ class PMTConfig:
     require_choice(self.attention, "model.attention", {"pma", "full"})
     require_choice(self.memory, "model.memory", {"progressive", "stateless"})
     require(0 < self.window_fraction <= 1, "model.window_fraction", f"must be in (0, 1], got {self.window_fraction}")
+    require(0 < self.window_stride_fraction <= 1, "model.window_stride_fraction",
+            f"must be in (0, 1], got {self.window_stride_fraction}")
     require(self.window_tokens >= 0 and self.window_stride >= 0, "model.window_tokens",
             "window_tokens and window_stride must be >= 0 (0: from window_fraction)")
     for name in ("view_noise", "view_scale", "view_mask"):
@@ -138,7 +142,7 @@ class PMTConfig:
     if window > num_tokens:
       raise ConfigError(f"model.window_tokens: a window of {window} tokens is longer than the {num_tokens} tokens "
                         f"of a series (patch {self.patch_size}, stride {self.patch_stride})")
-    stride = self.window_stride or max(1, window // 2)
+    stride = self.window_stride or max(1, int(self.window_stride_fraction * window))
     require(stride <= window, "model.window_stride", f"{stride} is larger than the window ({window} tokens)")
     return window, stride, num_windows(num_tokens, window, stride)
 
@@ -147,24 +151,6 @@ class PMTConfig:
 # reset/carry gate, the write and read gates, the SkipGate, the aggregator's γ and head × copy
 # bias. Scalars and zero-init rows whose gradients are small and noisy beside the rest.
 GATE_PATTERNS = ("carry_gate", "/write/", "read_gate", "skip_gate", "aggregator/gamma", "copy_bias")
-
-
-def gate_values(params, config):
-  """{block: {gate: value}} of a PMT's params: the carry share σ(θ_g), the write gate's opening
-  at init input u = σ(b_u / T_u), the read gate σ(b_r), the SkipGate σ(θ_s) and γ ({} for the
-  full-attention baseline). The write and read gates also have input weights; their biases are
-  what the init sets, so they say whether the gates moved."""
-  if config.attention != "pma":
-    return {}
-  sigmoid = lambda v: float(1 / (1 + np.exp(-float(np.asarray(v)))))
-  out = {}
-  for name, block in params["pma"].items():
-    out[name] = {"carry": sigmoid(block["carry_gate"]),
-                 "write_u0": sigmoid(np.asarray(block["write"]["bias"])[0] / PMAConfig.write_gate_temperature),
-                 "read": sigmoid(np.asarray(block["read_gate"]["bias"])[0]),
-                 "skip": sigmoid(block["aggregator"]["skip_gate"]),
-                 "gamma": float(np.asarray(block["aggregator"]["gamma"]))}
-  return out
 
 
 def sinusoidal_positions(length, dim):

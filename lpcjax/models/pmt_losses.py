@@ -1,5 +1,5 @@
-"""PMT pre-training: two augmented views of each series (jitter, scaling, masking; see ``augment``), and the three contrastive losses of
-pmt-spec.md §7, L = λ_ICL ICL + λ_HGCL HGCL + λ_PCL PCL (λ = 0 switches a loss off).
+"""PMT pre-training: two augmented views of each series (jitter, scaling, masking: ``augment``),
+and the three contrastive losses of pmt-spec.md §7, L = λ_ICL ICL + λ_HGCL HGCL + λ_PCL PCL (λ = 0 switches a loss off).
 
 Negatives come from the other sequences of the global batch (the loss runs under jit on the
 whole sharded batch). Evaluation batches mark padding examples with ``valid`` = 0: they are

@@ -13,7 +13,8 @@ import pytest
 
 from lpcjax import data, experiment, models
 from lpcjax.config import ConfigError, TrainConfig
-from lpcjax.models.pmt import GATE_PATTERNS, gate_values
+from lpcjax.layers.pma import gate_values
+from lpcjax.models.pmt import GATE_PATTERNS
 from lpcjax.models.pmt_losses import augment, make_views, pmt_loss
 from lpcjax.training.steps import create_train_state, gate_labels, make_optimizer, path_name, train_step
 
@@ -66,7 +67,8 @@ def test_the_gate_group_has_its_own_adam():
       expected[b2], states[b2] = reference[b2].update(jnp.float32(g), states[b2])
     np.testing.assert_allclose(updates["block"]["carry_gate"], expected[0.5], rtol=1e-5)
     np.testing.assert_allclose(updates["block"]["kernel"], expected[0.999], rtol=1e-5)
-  assert len(make_optimizer(TrainConfig(steps=10, warmup_steps=0)).init(params)) == 2  # no group: the old state structure
+  # no group: the optimizer state keeps its old structure
+  assert len(make_optimizer(TrainConfig(steps=10, warmup_steps=0)).init(params)) == 2
   with pytest.raises(ConfigError, match="gate_patterns"):
     TrainConfig(gate_patterns=("",))
 
@@ -77,10 +79,10 @@ def test_gates_move_off_their_init_in_a_few_dozen_steps(tmp_path):
   state = create_train_state(family, model, config)
   x = np.asarray(data.make_source(config.data, 0, "train").x[:8])
   step = jax.jit(lambda s, b: train_step(s, b, pmt_loss))
-  before = gate_values(state.params, config.model)
+  before = gate_values(state.params["pma"])
   for _ in range(40):
     state, _ = step(state, {"x": x})
-  after = gate_values(state.params, config.model)
+  after = gate_values(state.params["pma"])
   logit = lambda p: np.log(p / (1 - p))
   moved = [abs(logit(after[block][gate]) - logit(before[block][gate])) for block in before
            for gate in ("carry", "write_u0", "read", "skip")

@@ -5,10 +5,11 @@
   python train.py --config pmt:paper data.train_file=... data.eval_file=...   # GPU sizes
   python eval.py --run runs/<run>                                  # linear and cue probes
 
-Variants (each size): "", _full, _full_matched, _stateless, _no_pcl (λ_PCL = 0), _cue (non-overlapping
-windows: the PMA the paper's cue-retention probe ran). ``_full`` is the paper's baseline (as many
-full-attention layers as PMA blocks, fewer parameters: a PMA block also holds the aggregator and
-a second MLP); ``_full_matched`` has twice the layers, near PMT's parameter count.
+Variants (each size): "", _full, _full_matched, _stateless, _no_pcl (λ_PCL = 0), _cue
+(non-overlapping windows: the PMA the paper's cue-retention probe ran), _spec_views (the spec's
+views and PCL τ). ``_full`` is the paper's baseline (as many full-attention layers as PMA blocks,
+fewer parameters: a PMA block also holds the aggregator and a second MLP); ``_full_matched`` has
+twice the layers, near PMT's parameter count (tiny: 386k against 400k).
 
 Gates (pmt-spec.md §9): the memory gates (``lpcjax.models.pmt.GATE_PATTERNS``) are their own
 parameter group (``train.gate_patterns``) with the spec's Adam b2 0.95 and clip 100, and a
@@ -30,16 +31,23 @@ from lpcjax.data import SeriesDataConfig
 from lpcjax.models import PMTConfig
 from lpcjax.models.pmt import GATE_PATTERNS
 
+# Views and PCL (chosen on the validation splits of TRAIN files, docs/pmt.md): the spec's jitter of
+# 0.01 / 0.03 leaves the two views nearly equal, and its τ = 0.9 with 512 negatives puts PCL's floor
+# (orthogonal negatives) at log(1 + 512 e^{-1/0.9}) ≈ 5.13, where it sits from the first steps.
+VIEWS = dict(view_noise=(0.3, 0.3), view_scale=(0.1, 0.1), view_mask=(0.1, 0.1), pcl_temperature=0.2,
+             pcl_negatives=128)
 TINY = PMTConfig(d_model=64, num_heads=4, num_blocks=3, num_slots=1, tokenizer_kernels=64, projection_dim=128,
-                 patch_size=8, patch_stride=4, post_layers=1, neighbourhood=8)
+                 patch_size=8, patch_stride=4, post_layers=1, neighbourhood=8, **VIEWS)
 PAPER = PMTConfig(d_model=320, num_heads=8, num_blocks=3, num_slots=3, tokenizer_kernels=256, projection_dim=512,
-                  post_layers=3, neighbourhood=20)
+                  post_layers=3, neighbourhood=20, **VIEWS)
 GATE_LR_SCALE = 10.0
 GATES = dict(gate_patterns=GATE_PATTERNS, gate_adam_b2=0.95, gate_grad_clip=100.0,
              lr_scales=tuple(f"{pattern}={GATE_LR_SCALE:g}" for pattern in GATE_PATTERNS))
+SPEC_VIEWS = dict(view_noise=(0.01, 0.03), view_scale=(0.0, 0.0), view_mask=(0.0, 0.0), pcl_temperature=0.9,
+                  pcl_negatives=512)
 VARIANTS = {"": {}, "_full": {"attention": "full"}, "_full_matched": {"attention": "full", "num_blocks": 6},
             "_stateless": {"memory": "stateless"}, "_no_pcl": {"pcl_weight": 0.0},
-            "_cue": {"window_stride_fraction": 1.0}}
+            "_cue": {"window_stride_fraction": 1.0}, "_spec_views": SPEC_VIEWS}
 
 
 def get_config(name="tiny"):

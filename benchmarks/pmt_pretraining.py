@@ -138,8 +138,8 @@ def main():
   args = parser.parse_args()
 
   results = {}
-  for name in args.sets:
-    for seed in args.seeds:
+  for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds
+    for name in args.sets:
       for variant in args.variants:
         results[(name, variant, seed)] = run_one(args, name, variant, seed)
         r = results[(name, variant, seed)]

@@ -113,7 +113,10 @@ class SeriesEvaluator:
 
   def write(self, results, out_dir, options):
     write_json_atomic(os.path.join(out_dir, "series_probes.json"), results)
-    rows = dict(item for r in results for item in _rows(r).items())
+    rows = {}
+    for r in results:  # compared runs of one config share labels: name them by their run folder
+      for label, row in _rows(r).items():
+        rows[label if label not in rows else f"{label} [{os.path.basename(os.path.normpath(r['run']))}]"] = row
     series_probes.plot_probe_accuracy({label: row["linear"] for label, row in rows.items() if "linear" in row},
                                       os.path.join(out_dir, "probe_accuracy.png"))
     curves = {label: {float(g): (c["auc"], c["auc_std"]) for g, c in row["cue"].items()}

@@ -113,10 +113,7 @@ class SeriesEvaluator:
 
   def write(self, results, out_dir, options):
     write_json_atomic(os.path.join(out_dir, "series_probes.json"), results)
-    rows = {}
-    for r in results:  # compared runs of one config share labels: name them by their run folder
-      for label, row in _rows(r).items():
-        rows[label if label not in rows else f"{label} [{os.path.basename(os.path.normpath(r['run']))}]"] = row
+    rows = plot_rows(results)
     series_probes.plot_probe_accuracy({label: row["linear"] for label, row in rows.items() if "linear" in row},
                                       os.path.join(out_dir, "probe_accuracy.png"))
     curves = {label: {float(g): (c["auc"], c["auc_std"]) for g, c in row["cue"].items()}
@@ -142,6 +139,16 @@ class SeriesEvaluator:
     for block, gates in result.get("gates", {}).items():
       lines.append(f" gates {block}: " + ", ".join(f"{name} {value:.3f}" for name, value in gates.items()))
     return lines
+
+
+def plot_rows(results):
+  """{label: row} of every run and its controls; a label that repeats (compared runs of one
+  config, or their raw-series controls) gets the run's folder name."""
+  rows = {}
+  for r in results:
+    for label, row in _rows(r).items():
+      rows[label if label not in rows else f"{label} [{os.path.basename(os.path.normpath(r['run']))}]"] = row
+  return rows
 
 
 def _rows(result):

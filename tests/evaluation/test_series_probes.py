@@ -219,3 +219,11 @@ def test_one_nearest_neighbour_control():
   x = np.array([[0.0, 0.0], [10.0, 10.0]])
   out = linear_probe(x, [0, 1], x + 0.1, [0, 1], fractions=(1.0,), seeds=(0,), classifier="1nn")
   assert out["fractions"]["1.0"]["accuracy"] == 1.0
+
+
+def test_compared_runs_of_one_config_keep_their_rows():
+  from lpcjax.evaluation.series import plot_rows
+  result = lambda run: {"run": run, "label": "pmt_tiny", "linear": {"fractions": {}},
+                        "controls": {"raw series, 1-NN": {"linear": {"fractions": {}}}}}
+  rows = plot_rows([result("runs/a"), result("runs/b/")])
+  assert set(rows) == {"pmt_tiny", "raw series, 1-NN", "pmt_tiny [b]", "raw series, 1-NN [b]"}

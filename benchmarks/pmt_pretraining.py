@@ -119,6 +119,10 @@ def print_table(table, results, fractions):
       cues = [f"{entry['cue'][g]['auc']:>8.3f} ± {entry['cue'][g]['auc_std_over_seeds']:.2f}" if g in entry["cue"]
               else f"{'—':>14}" for g in gaps]
       print(f"{row:<28}" + "".join(cells) + "".join(cues))
+    for (n, variant, seed), r in results.items():
+      if n == name and r["gates"]:
+        print(f"  gates after training, {variant} seed {seed}: " + "; ".join(
+            f"{block} " + " ".join(f"{k} {v:.3f}" for k, v in gates.items()) for block, gates in r["gates"].items()))
 
 
 def main():
@@ -133,6 +137,8 @@ def main():
   parser.add_argument("--extra", nargs="*", default=[], help="overrides for every training run")
   parser.add_argument("--run-dir", default="runs/pmt_pretraining")
   parser.add_argument("--fresh", action="store_true")
+  parser.add_argument("--cached-only", action="store_true",
+                      help="only the runs already in --run-dir (the table of an interrupted measurement)")
   parser.add_argument("--out", default=None,
                       help="JSON path (default benchmarks/results/pmt_pretraining_<backend>.json)")
   args = parser.parse_args()
@@ -141,6 +147,10 @@ def main():
   for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds
     for name in args.sets:
       for variant in args.variants:
+        run = os.path.join(args.run_dir, f"{name}-{variant}-s{seed}")
+        if args.cached_only and not os.path.exists(os.path.join(run, "timing.json")):
+          print(f"{name} {variant} seed {seed}: not run (--cached-only)")
+          continue
         results[(name, variant, seed)] = run_one(args, name, variant, seed)
         r = results[(name, variant, seed)]
         print(f"{name} {variant} seed {seed}: train {r['train_seconds']:.0f} s, eval {r['eval_seconds']:.0f} s",

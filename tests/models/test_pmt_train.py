@@ -114,3 +114,21 @@ def test_a_stronger_view_and_temperature_let_pcl_fall_below_the_spec_floor(tmp_p
   floor = lambda c: float(np.log1p(c.pcl_negatives * np.exp(-1 / c.pcl_temperature)))
   assert floor(dataclasses.replace(config, pcl_temperature=0.9, pcl_negatives=512)) > 5.1
   assert floor(config) < 1.0  # τ 0.2, 128 negatives: log(1 + 128 e^{-5}) ≈ 0.6
+
+
+@pytest.mark.parametrize("std,learns", [(1.0, True), (0.02, False)])
+def test_the_carry_gate_has_a_gradient_at_init(std, learns):
+  """RMSNorm(M̃ + g (M_0 − M̃)) with a tiny M_0 is RMSNorm((1 − g) M̃): blind to g. The unit-scale
+  M_0 of the default keeps the reset/carry gate learnable."""
+  from lpcjax.layers.pma import PMABlock, PMAConfig
+  block = PMABlock(PMAConfig(d_model=16, num_heads=2, mlp_dim=32, base_state_std=std), window=4, stride=2)
+  x, valid = jnp.zeros((1, 8, 16)), jnp.ones((1, 8), bool)
+  lower = jax.random.normal(jax.random.PRNGKey(0), (1, 3, 1, 16))
+  lower = lower * jax.lax.rsqrt((lower**2).mean(-1, keepdims=True))
+  params = nn.meta.unbox(jax.jit(block.init)(jax.random.PRNGKey(1), x, valid, lower))["params"]
+  noise = jnp.zeros((1, 3, 1, 16))
+
+  def slots(theta):
+    return block.apply({"params": {**params, "carry_gate": theta}}, lower, noise, method=PMABlock.write_slots)
+  sensitivity = float(jnp.sqrt(jnp.mean(jax.jacfwd(slots)(params["carry_gate"]) ** 2)))
+  assert (sensitivity > 0.2) == learns, sensitivity

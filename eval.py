@@ -5,7 +5,8 @@
   python eval.py --compare runs/A runs/B --data held_out.txt --out docs/compare
 
 The options after --run/--compare/--out belong to the family's evaluator: `python eval.py --run
-RUN --help` lists them. Writes the evaluator's JSON and PNG plots into --out (default RUN/eval).
+RUN --help` lists them. Writes the evaluator's JSON and PNG plots into --out (default RUN/eval, or the
+folder the evaluator names for its options, e.g. RUN/eval_random_init).
 """
 
 import argparse
@@ -58,7 +59,8 @@ def _evaluate(argv, run_dirs):
              for evaluator, run in zip(evaluators, run_dirs)]
   if interrupts.requested():
     raise KeyboardInterrupt
-  out = args.out or os.path.join(run_dirs[0], "eval")
+  # An evaluator may name its default folder by its options (a random init: not over the trained results).
+  out = args.out or os.path.join(run_dirs[0], getattr(evaluators[0], "out_name", lambda _: "eval")(args))
   evaluators[0].write(results, out, args)
   for evaluator, result in zip(evaluators, results):
     print("\n".join(evaluator.report(result)))

@@ -110,6 +110,13 @@ class TrainConfig:
   # FACTOR (the first matching rule wins). For a few scalars that must cross their range within
   # a short stage (LPC-SM's learned sparse ratio). Empty: the optimizer is exactly as before.
   lr_scales: tuple[str, ...] = ()
+  # A second parameter group with its own optimizer settings (PMT's gates, pmt-spec.md §9): the
+  # parameters whose path contains one of these patterns get their own global-norm clip and
+  # Adam b2, and no weight decay, so the clipping of the large group never shrinks their small
+  # gradients. Empty: one group, the optimizer exactly as before.
+  gate_patterns: tuple[str, ...] = ()
+  gate_adam_b2: float = 0.95
+  gate_grad_clip: float = 100.0
 
   def __post_init__(self):
     require(self.steps >= 1, "train.steps", f"must be >= 1, got {self.steps}")
@@ -131,6 +138,9 @@ class TrainConfig:
       require(value == -1 or value >= 1, f"train.{name}", f"must be >= 1 or -1 (all remaining), got {value}")
     require(mesh.count(-1) <= 1, "train.mesh_data",
             "at most one mesh axis can be -1")
+    require(self.gate_grad_clip > 0 and 0 < self.gate_adam_b2 < 1, "train.gate_grad_clip",
+            "gate_grad_clip must be > 0 and gate_adam_b2 in (0, 1)")
+    require(all(self.gate_patterns), "train.gate_patterns", "an empty pattern would match every parameter")
     for rule in self.lr_scales:
       pattern, _, factor = rule.partition("=")
       require(pattern and _is_positive_float(factor), "train.lr_scales",

@@ -14,3 +14,10 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
   """A config field is unknown, has the wrong type, or conflicts with another field."""
+
+
+def warn(message):
+  """One line on stderr for a request carried out, but not quite as given (a cue gap that does
+  not fit, a series cut to the training length): visible, and never a traceback."""
+  import sys  # standard library; keeps this module's top free of imports
+  print(f"warning: {message}", file=sys.stderr)

@@ -1,9 +1,11 @@
 """Time-series classification files: the ``series`` data kind (PMT pre-training and probes).
 
 Files are UCR/UEA ``.tsv`` / ``.tsv.gz`` (a series a row, tab-separated, column 0 the class
-label, no header; "NaN", "nan" or an empty field is a missing sample; univariate) or ``.npz``
-with ``x`` [N, T, C] or [N, T] and optional ``y`` [N] (all labels 0 without it). Rows of
-different lengths (UCR's variable-length sets) are NaN-padded at the end to the longest row.
+label, no header; "NaN", "nan" or an empty field is a missing sample; univariate), UEA ``.ts``
+and ``.arff`` (univariate or multivariate; ``series_formats``) or ``.npz`` with ``x`` [N, T, C]
+or [N, T] and optional ``y`` [N] (all labels 0 without it). Series of different lengths (the
+variable-length sets) are NaN-padded at the end to the longest one; a split's series longer
+than the training length are cut to it, with a one-line warning.
 Missing samples stay NaN in the examples: the model masks them.
 
 Without ``eval_file``, ``eval_fraction`` of the training file is held out, stratified by class
@@ -22,12 +24,14 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from lpcjax.config import ConfigError, DataConfig, require
+from lpcjax.errors import warn
 
 from .errors import DataError
 from .registry import DataKind, register
+from .series_formats import read_arff, read_ts
 from .subsets import stratified_subset
 
-SUFFIXES = (".tsv", ".tsv.gz", ".npz")
+SUFFIXES = (".tsv", ".tsv.gz", ".ts", ".arff", ".npz")
 
 
 def read_series(path):
@@ -47,10 +51,11 @@ def _read_cached(path, mtime_ns, size):
   if not path.endswith(SUFFIXES):
     raise DataError(f"{path}: unknown extension; expected one of {', '.join(SUFFIXES)}")
   try:
-    x, labels = _read_npz(path) if path.endswith(".npz") else _read_tsv(path)
+    x, labels = _reader(path)(path)
+    labels = _numeric_labels(labels)
   except DataError:
     raise
-  except (OSError, EOFError, UnicodeDecodeError, ValueError) as error:
+  except (OSError, EOFError, UnicodeDecodeError, ValueError) as error:  # a .ts/.arff reader's, too
     raise DataError(f"{path}: cannot read: {error}") from None
   if len(x) == 0:
     raise DataError(f"{path}: empty file (no series)")
@@ -59,6 +64,13 @@ def _read_cached(path, mtime_ns, size):
     raise DataError(f"{path}: series {empty[0]} (0-based) is entirely missing")
   x.flags.writeable = labels.flags.writeable = False
   return x, labels
+
+
+def _reader(path):
+  for suffix, reader in ((".npz", _read_npz), (".ts", read_ts), (".arff", read_arff)):
+    if path.endswith(suffix):
+      return reader
+  return _read_tsv
 
 
 def _number(text):
@@ -89,11 +101,7 @@ def _read_tsv(path):
   x = np.full((len(rows), max(map(len, rows), default=0), 1), np.nan, np.float32)
   for i, row in enumerate(rows):
     x[i, :len(row), 0] = row
-  try:
-    labels = np.array(labels, dtype=np.float64)
-  except ValueError:
-    labels = np.array(labels)  # names, not numbers
-  return x, _tidy_labels(labels)
+  return x, np.array(labels)
 
 
 def _read_npz(path):
@@ -108,6 +116,16 @@ def _read_npz(path):
     raise DataError(f"{path}: y has shape {y.shape} for {len(x)} series; expected [{len(x)}]")
   x = x.astype(np.float32)
   return (x[:, :, None] if x.ndim == 2 else x), _tidy_labels(y)
+
+
+def _numeric_labels(labels):
+  """Text labels that are all numbers ("1", "-1") as numbers; names stay names."""
+  if labels.dtype.kind not in "US":
+    return _tidy_labels(labels)
+  try:
+    return _tidy_labels(labels.astype(np.float64))
+  except ValueError:
+    return labels
 
 
 def _tidy_labels(y):
@@ -141,9 +159,13 @@ class SeriesDataConfig(DataConfig):
     require(0 < self.eval_fraction < 1, "data.eval_fraction", f"must be in (0, 1), got {self.eval_fraction}")
 
 
-def _fit(x, length):
-  """Cut to ``length`` samples or NaN-pad at the end."""
+def _fit(x, length, file=None):
+  """Cut to ``length`` samples or NaN-pad at the end; ``file``: warn when observed samples are cut."""
   if x.shape[1] >= length:
+    cut = (~np.isnan(x[:, length:])).any(axis=(1, 2)).sum()
+    if file and cut:
+      warn(f"{file}: {cut} of {len(x)} series are longer than the training length of {length} samples and are "
+           "cut to it (set data.seq_len to choose the length)")
     return x[:, :length]
   return np.concatenate([x, np.full((len(x), length - x.shape[1], x.shape[2]), np.nan, np.float32)], 1)
 
@@ -184,7 +206,7 @@ class SeriesSource:
       if split == "eval":
         x, raw = read_series(config.eval_file)
       file = config.train_file if split == "train" else config.eval_file
-    x, train_x = _fit(x, length), _fit(train_x, length)
+    x, train_x = _fit(x, length, file if split == "eval" or config.seq_len else None), _fit(train_x, length)
     channels = train_x.shape[2]
     if x.shape[2] != channels:
       raise DataError(f"{file}: {x.shape[2]} channels, but the training file has {channels}")

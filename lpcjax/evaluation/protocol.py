@@ -21,3 +21,6 @@ class Evaluator(Protocol):
 
   def report(self, result: dict) -> list:
     """Lines for the terminal."""
+
+  # Optional: ``out_name(options) -> str``, the default output folder under the first run
+  # (eval.py uses "eval" when an evaluator has none).

@@ -13,13 +13,15 @@ import numpy as np  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.metrics import accuracy_score, f1_score, roc_auc_score  # noqa: E402
+from sklearn.neighbors import KNeighborsClassifier  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.svm import LinearSVC  # noqa: E402
 
 from ..data.subsets import stratified_subset  # noqa: E402
+from ..errors import warn  # noqa: E402
 from .plots import finish_plot  # noqa: E402
 
-CLASSIFIERS = ("svm", "logistic")
+CLASSIFIERS = ("svm", "logistic", "1nn")
 
 
 def _check_finite(name, features):
@@ -34,11 +36,16 @@ def _check_finite(name, features):
 def _classifier(kind):
   if kind == "svm":  # the paper's protocol: a linear SVM with the default C, no tuning
     return LinearSVC(C=1.0, dual="auto", max_iter=10000)
+  if kind == "1nn":  # the time-series classification control: Euclidean 1-NN
+    return KNeighborsClassifier(n_neighbors=1)
   return LogisticRegression(max_iter=1000)
 
 
 def _fit_predict(kind, train_x, train_y, test_x):
-  """Standardize with the training subset's statistics, fit, predict the test set."""
+  """Standardize with the training subset's statistics (not for 1-NN, whose distance is over
+  the series as given), fit, predict the test set."""
+  if kind == "1nn":
+    return _classifier(kind).fit(train_x, train_y).predict(test_x)
   scaler = StandardScaler().fit(train_x)
   with warnings.catch_warnings():  # a probe that did not fully converge still says something
     warnings.simplefilter("ignore", ConvergenceWarning)
@@ -48,8 +55,11 @@ def _fit_predict(kind, train_x, train_y, test_x):
 
 def linear_probe(train_features, train_labels, test_features, test_labels, *, fractions=(0.01, 0.05, 1.0),
                  seeds=(0, 1, 2, 3, 4), classifier="svm"):
-  """Accuracy and macro-F1 of a linear classifier on stratified label fractions, mean and std
-  (over seeds, ddof 0) per fraction. Subsets that coincide (fraction 1.0) are fitted once."""
+  """Accuracy and macro-F1 of a classifier (linear, or the 1-NN control) on stratified label
+  fractions, mean and std (over seeds, ddof 0) per fraction. Subsets that coincide (fraction
+  1.0) are fitted once. A fraction whose subsets are those of a smaller one (a small set: one
+  label per class either way) is marked ``same_as`` that fraction, with a one-line warning:
+  tables print one row for both."""
   if classifier not in CLASSIFIERS:
     raise ValueError(f"linear probe: classifier must be one of {CLASSIFIERS}, got {classifier!r}")
   train_x = _check_finite("linear probe (train)", train_features)
@@ -63,12 +73,14 @@ def linear_probe(train_features, train_labels, test_features, test_labels, *, fr
   if not seeds:
     raise ValueError("linear probe: no seeds given")
   fitted = {}  # subset indices -> (accuracy, macro-F1)
+  subsets = {}  # the subsets of every seed -> the first fraction that drew them
   out = {"classifier": classifier, "fractions": {}}
   for fraction in fractions:
-    per_seed = []
+    per_seed, keys = [], []
     for seed in seeds:
       index = stratified_subset(train_y, fraction, seed)
       key = index.tobytes()
+      keys.append(key)
       if key not in fitted:
         predicted = _fit_predict(classifier, train_x[index], train_y[index], test_x)
         fitted[key] = (float(accuracy_score(test_y, predicted)),
@@ -79,6 +91,11 @@ def linear_probe(train_features, train_labels, test_features, test_labels, *, fr
     for metric in ("accuracy", "macro_f1"):
       values = [r[metric] for r in per_seed]
       cell[metric], cell[f"{metric}_std"] = float(np.mean(values)), float(np.std(values))
+    first = subsets.setdefault(tuple(keys), str(float(fraction)))
+    if first != str(float(fraction)):
+      cell["same_as"] = first
+      warn(f"linear probe: {float(fraction):.0%} and {float(first):.0%} of the {len(train_y)} training labels draw "
+           f"the same subsets ({cell['labels']:.0f} labels): one row")
     out["fractions"][str(float(fraction))] = cell
   return out
 
@@ -93,33 +110,42 @@ def cue_span(length, gap_ratio, width=0.2):
   return end - size, end
 
 
-def insert_cue(x, gap_ratio, *, amplitude=0.5, width=0.2, channel=0):
+def insert_cue(x, where, *, amplitude=0.5, width=0.2, channel=0):
   """A copy of x [N, T, C] with a Hann burst of amplitude * sigma added to one channel, sigma =
   each series' std of that channel outside the cue span (so the cue does not scale itself).
-  NaNs (missing samples) stay NaN; a series with no finite sample outside the span gets no cue."""
+  ``where``: a gap ratio (every series: ``cue_span``) or int spans [N, 2] of (start, end)
+  samples, one per series (series of different valid lengths). NaNs (missing samples) stay
+  NaN; a series with no finite sample outside the span gets no cue."""
   x = np.array(x, dtype=np.result_type(np.asarray(x).dtype, np.float32))
   if x.ndim != 3:
     raise ValueError(f"insert_cue: expected x [N, T, C], got shape {x.shape}")
   if not -x.shape[2] <= channel < x.shape[2]:
     raise ValueError(f"insert_cue: channel {channel} out of range for {x.shape[2]} channels")
-  start, end = cue_span(x.shape[1], gap_ratio, width)
-  outside = np.concatenate([x[:, :start, channel], x[:, end:, channel]], axis=1)
-  with warnings.catch_warnings():  # all-NaN series: nanstd warns and gives NaN, taken as 0 below
-    warnings.simplefilter("ignore", RuntimeWarning)
-    sigma = np.nan_to_num(np.nanstd(outside.astype(np.float64), axis=1))
-  burst = amplitude * sigma[:, None] * np.hanning(end - start)[None, :]
-  x[:, start:end, channel] += burst.astype(x.dtype)
+  if np.ndim(where) == 0:
+    spans = np.tile(cue_span(x.shape[1], where, width), (len(x), 1))
+  else:
+    spans = np.asarray(where, np.int64)
+    if spans.shape != (len(x), 2) or (spans[:, 0] < 0).any() or (spans[:, 1] > x.shape[1]).any() or (
+        spans[:, 1] - spans[:, 0] < 1).any():
+      raise ValueError(f"insert_cue: spans must be [N={len(x)}, 2] of 0 <= start < end <= {x.shape[1]}")
+  for i, (start, end) in enumerate(spans):
+    outside = np.concatenate([x[i, :start, channel], x[i, end:, channel]])
+    with warnings.catch_warnings():  # all-NaN series: nanstd warns and gives NaN, taken as 0 below
+      warnings.simplefilter("ignore", RuntimeWarning)
+      sigma = np.nan_to_num(np.nanstd(outside.astype(np.float64)))
+    x[i, start:end, channel] += (amplitude * sigma * np.hanning(end - start)).astype(x.dtype)
   return x
 
 
-def cue_dataset(x, gap_ratio, seed, **cue_kwargs):
-  """(x with the cue in a seeded random half of the series (exactly N // 2), has_cue int [N])."""
+def cue_dataset(x, where, seed, **cue_kwargs):
+  """(x with the cue in a seeded random half of the series (exactly N // 2), has_cue int [N]);
+  ``where`` as in ``insert_cue`` (spans: one row per series of x)."""
   x = np.asarray(x)
   cued = np.random.default_rng(seed).choice(len(x), size=len(x) // 2, replace=False)
   has_cue = np.zeros(len(x), np.int64)
   has_cue[cued] = 1
   out = np.array(x, dtype=np.result_type(x.dtype, np.float32))
-  out[cued] = insert_cue(x[cued], gap_ratio, **cue_kwargs)
+  out[cued] = insert_cue(x[cued], where if np.ndim(where) == 0 else np.asarray(where)[cued], **cue_kwargs)
   return out, has_cue
 
 
@@ -177,7 +203,8 @@ def plot_probe_accuracy(results, path):
   """results: {model label: linear_probe output}. Grouped bars of accuracy per label fraction
   with the std over seeds. Returns path, or None (writing nothing) when there are no cells."""
   fig, ax = plt.subplots(figsize=(6.5, 4))
-  results = {label: r["fractions"] for label, r in (results or {}).items() if r and r.get("fractions")}
+  results = {label: {f: c for f, c in r["fractions"].items() if "same_as" not in c}
+             for label, r in (results or {}).items() if r and r.get("fractions")}
   fractions = sorted({f for cells in results.values() for f in cells}, key=float)
   if not fractions:
     return _nothing_to_plot(fig, path)

@@ -13,7 +13,8 @@ neighbourhood-masked layers -> read-outs:
 * ``cls_z`` [batch, p] and ``memory_z`` [batch, N, n_m, p]: the contrastive projections
   (ℓ2-normalized; one head per memory slot, as in the later code).
 
-Windows: W = ⌊ρK⌋ (``window_fraction`` ρ = 0.2, or ``window_tokens``), S = ⌊W/2⌋.
+Windows: W = ⌊ρK⌋ (``window_fraction`` ρ = 0.2, or ``window_tokens``), S = ⌊W/2⌋ (or
+``window_stride_fraction`` · W, 1 for the non-overlapping windows of the paper's cue probe).
 The losses are in ``lpcjax.models.pmt_losses``; the evaluator (probes) in
 ``lpcjax.evaluation.series``.
 """
@@ -58,7 +59,8 @@ class PMTConfig:
   num_slots: int = 1  # n_m
   window_fraction: float = 0.2  # ρ: W = ⌊ρK⌋
   window_tokens: int = 0  # > 0: W directly
-  window_stride: int = 0  # > 0: S directly; 0: ⌊W/2⌋
+  window_stride: int = 0  # > 0: S directly; 0: ⌊window_stride_fraction · W⌋
+  window_stride_fraction: float = 0.5  # the spec's S = ⌊W/2⌋; 1: non-overlapping windows (the cue probe's PMA)
   memory: str = "progressive"  # "stateless": no carrier, no vertical reuse (ablation)
   streaming: bool = False  # scan over windows (O(W) memory); same function as vectorized
   state_attends_prev: bool = True
@@ -77,7 +79,11 @@ class PMTConfig:
   rope_theta: float = 10000.0
   norm_eps: float = 1e-6
   # pre-training (pmt_losses)
-  view_noise: tuple[float, ...] = (0.01, 0.03)  # std of the jitter of view 1 and view 2
+  # Views (pmt_losses.augment), one entry per view. The spec's are jitter only (0.01 / 0.03); so
+  # weak that the two views of a series nearly coincide and PCL sits at its floor at once.
+  view_noise: tuple[float, ...] = (0.01, 0.03)  # std of the additive jitter
+  view_scale: tuple[float, ...] = (0.0, 0.0)  # std of a per-series, per-channel factor 1 + N(0, s²)
+  view_mask: tuple[float, ...] = (0.0, 0.0)  # fraction of samples set to 0
   icl_weight: float = 1.0  # λ; 0 switches a loss off
   hgcl_weight: float = 1.0
   pcl_weight: float = 1.0
@@ -99,10 +105,14 @@ class PMTConfig:
     require_choice(self.attention, "model.attention", {"pma", "full"})
     require_choice(self.memory, "model.memory", {"progressive", "stateless"})
     require(0 < self.window_fraction <= 1, "model.window_fraction", f"must be in (0, 1], got {self.window_fraction}")
+    require(0 < self.window_stride_fraction <= 1, "model.window_stride_fraction",
+            f"must be in (0, 1], got {self.window_stride_fraction}")
     require(self.window_tokens >= 0 and self.window_stride >= 0, "model.window_tokens",
             "window_tokens and window_stride must be >= 0 (0: from window_fraction)")
-    require(len(self.view_noise) == 2 and min(self.view_noise) >= 0, "model.view_noise",
-            f"two standard deviations >= 0, got {self.view_noise}")
+    for name in ("view_noise", "view_scale", "view_mask"):
+      value = getattr(self, name)
+      require(len(value) == 2 and min(value) >= 0, f"model.{name}", f"two values >= 0 (one per view), got {value}")
+    require(max(self.view_mask) < 1, "model.view_mask", f"a fraction < 1, got {self.view_mask}")
     for name in ("icl_weight", "hgcl_weight", "pcl_weight", "dropout", "projection_dropout", "state_noise"):
       require(getattr(self, name) >= 0, f"model.{name}", "must be >= 0")
     for name in ("icl_temperature", "hgcl_temperature", "hgcl_token_sigma", "hgcl_window_sigma", "pcl_temperature"):
@@ -132,9 +142,15 @@ class PMTConfig:
     if window > num_tokens:
       raise ConfigError(f"model.window_tokens: a window of {window} tokens is longer than the {num_tokens} tokens "
                         f"of a series (patch {self.patch_size}, stride {self.patch_stride})")
-    stride = self.window_stride or max(1, window // 2)
+    stride = self.window_stride or max(1, int(self.window_stride_fraction * window))
     require(stride <= window, "model.window_stride", f"{stride} is larger than the window ({window} tokens)")
     return window, stride, num_windows(num_tokens, window, stride)
+
+
+# The memory gates of pmt-spec.md §9's own parameter group (``train.gate_patterns``): the
+# reset/carry gate, the write and read gates, the SkipGate, the aggregator's γ and head × copy
+# bias. Scalars and zero-init rows whose gradients are small and noisy beside the rest.
+GATE_PATTERNS = ("carry_gate", "/write/", "read_gate", "skip_gate", "aggregator/gamma", "copy_bias")
 
 
 def sinusoidal_positions(length, dim):

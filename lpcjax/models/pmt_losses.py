@@ -1,5 +1,5 @@
-"""PMT pre-training: two jittered views of each series, and the three contrastive losses of
-pmt-spec.md §7, L = λ_ICL ICL + λ_HGCL HGCL + λ_PCL PCL (λ = 0 switches a loss off).
+"""PMT pre-training: two augmented views of each series (jitter, scaling, masking: ``augment``),
+and the three contrastive losses of pmt-spec.md §7, L = λ_ICL ICL + λ_HGCL HGCL + λ_PCL PCL (λ = 0 switches a loss off).
 
 Negatives come from the other sequences of the global batch (the loss runs under jit on the
 whole sharded batch). Evaluation batches mark padding examples with ``valid`` = 0: they are
@@ -34,12 +34,21 @@ from lpcjax.layers.pma import masked_mean, window_tokens
 _MASKED = -1e30
 
 
-def make_views(x, rng, noise):
-  """Two views of x [batch, T, C]: additive Gaussian jitter of std noise[0] and noise[1]
-  (missing samples stay NaN)."""
+def augment(x, rng, noise, scale, mask):
+  """One view of x [batch, T, C]: each series' channels scaled by 1 + N(0, scale²), plus i.i.d.
+  N(0, noise²) jitter, then a ``mask`` fraction of the samples set to 0 (the mean, after the
+  per-channel standardization). Masked samples stay valid tokens' samples, so the two views keep
+  the same token grid (HGCL and PCL pair positions across views); missing samples stay NaN."""
+  scale_rng, noise_rng, mask_rng = jax.random.split(rng, 3)
+  factor = 1.0 + scale * jax.random.normal(scale_rng, (x.shape[0], 1, x.shape[2]), x.dtype)
+  view = x * factor + noise * jax.random.normal(noise_rng, x.shape, x.dtype)
+  return jnp.where(jax.random.uniform(mask_rng, x.shape) < mask, jnp.where(jnp.isnan(x), x, 0.0), view)
+
+
+def make_views(x, rng, noise, scale=(0.0, 0.0), mask=(0.0, 0.0)):
+  """Two views of x [batch, T, C] (``augment`` with the first and second entry of each)."""
   first, second = jax.random.split(rng)
-  return (x + noise[0] * jax.random.normal(first, x.shape, x.dtype),
-          x + noise[1] * jax.random.normal(second, x.shape, x.dtype))
+  return (augment(x, first, noise[0], scale[0], mask[0]), augment(x, second, noise[1], scale[1], mask[1]))
 
 
 def normalize(x):
@@ -187,7 +196,8 @@ def pmt_loss(apply_fn, params, batch, *, rng, step, mutable, train):
   size = x.shape[0]
   example_valid = batch["valid"] > 0 if "valid" in batch else jnp.ones((size,), bool)
   view_rng, dropout_rng, loss_rng = jax.random.split(rng, 3)
-  both = jnp.concatenate(make_views(x, view_rng, config.view_noise), axis=0)
+  both = jnp.concatenate(make_views(x, view_rng, config.view_noise, config.view_scale,
+                                                config.view_mask), axis=0)
   variables = {"params": params, **mutable}
   if train:
     out, new_mutable = apply_fn(variables, both, train=True, rngs={"dropout": dropout_rng}, mutable=list(mutable))

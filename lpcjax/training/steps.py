@@ -54,16 +54,33 @@ def scale_by_path(rules):
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
+def _clipped_adam(train_cfg, schedule, b2, clip, decay):
+  return [optax.clip_by_global_norm(clip),
+          optax.adamw(schedule, b1=train_cfg.adam_b1, b2=b2, weight_decay=decay, mask=decay_mask)]
+
+
+def gate_labels(patterns):
+  """params -> the same tree of "gate" (path contains one of ``patterns``) or "rest"."""
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "gate" if any(p in path_name(path) for p in patterns) else "rest", params)
+  return labels
+
+
 def make_optimizer(train_cfg):
-  """AdamW (b1, b2, decoupled weight decay) after global-norm clipping; linear warmup, cosine;
-  then the per-parameter scales of ``train.lr_scales`` (only if any are set, so that the
-  optimizer state of every other run keeps its structure)."""
+  """AdamW (b1, b2, decoupled weight decay) after global-norm clipping; linear warmup, cosine.
+  With ``train.gate_patterns`` the matching parameters form a second group (optax.multi_transform)
+  clipped on their own (``gate_grad_clip``), with ``gate_adam_b2`` and no weight decay. Then the
+  per-parameter scales of ``train.lr_scales``. Each extra is added only if set, so that the
+  optimizer state of every other run keeps its structure (and old checkpoints restore)."""
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=train_cfg.learning_rate, warmup_steps=train_cfg.warmup_steps,
       decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1), end_value=train_cfg.min_learning_rate)
-  parts = [optax.clip_by_global_norm(train_cfg.grad_clip),
-           optax.adamw(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2,
-                       weight_decay=train_cfg.weight_decay, mask=decay_mask)]
+  parts = _clipped_adam(train_cfg, schedule, train_cfg.adam_b2, train_cfg.grad_clip, train_cfg.weight_decay)
+  if train_cfg.gate_patterns:
+    gates = _clipped_adam(train_cfg, schedule, train_cfg.gate_adam_b2, train_cfg.gate_grad_clip, 0.0)
+    parts = [optax.multi_transform({"rest": optax.chain(*parts), "gate": optax.chain(*gates)},
+                                   gate_labels(train_cfg.gate_patterns))]
   if train_cfg.lr_scales:
     parts.append(scale_by_path(train_cfg.lr_scales))
   return optax.chain(*parts)
@@ -89,8 +106,12 @@ def state_shardings(family, model, config, optimizer, mesh, rules):
   param_shardings, mutable_shardings = _split_variables(family, variable_shardings)
   abstract = jax.eval_shape(lambda: _create(family, model, config, optimizer))
   replicated = NamedSharding(mesh, P())
-  opt_shardings = optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract.opt_state,
-                                        param_shardings, transform_non_params=lambda _: replicated)
+  # A parameter group (optax.multi_transform) holds an empty MaskedNode for each parameter of
+  # the other group: it stays as it is.
+  masked = lambda leaf: isinstance(leaf, optax.MaskedNode)
+  opt_shardings = optax.tree_map_params(optimizer, lambda leaf, sharding: leaf if masked(leaf) else sharding,
+                                        abstract.opt_state, param_shardings,
+                                        transform_non_params=lambda _: replicated, is_leaf=masked)
   shardings = abstract.replace(step=replicated, params=param_shardings, opt_state=opt_shardings,
                                mutable=mutable_shardings)
   return abstract, shardings

@@ -1,6 +1,7 @@
 """PMT end to end through the commands users run: train.py pre-trains on a .npz file (with
-missing values), eval.py writes the linear-probe and cue-retention results and plots, for the
-checkpoint and for a random init; a series too short for a patch is a one-line error."""
+missing values), eval.py writes the linear-probe and cue-retention results, the controls and the
+plots, for the checkpoint and for a random init (in its own folder); a gap that does not fit is
+a one-line warning; a series too short for a patch is a one-line error."""
 
 import json
 import shutil
@@ -48,23 +49,31 @@ def test_pretrain_then_probe(pretrained, tmp_path, capsys):
   evaluate = cli("eval")
   options = ["--seeds", "2", "--gaps", "0,2,50", "--fractions", "0.25,1.0"]  # 50 windows: does not fit
   out = tmp_path / "probes"
+  capsys.readouterr()
   assert evaluate(["--run", str(pretrained / "runs" / "pmt"), "--out", str(out), *options]) == 0
   (result,) = json.load(open(out / "series_probes.json"))
   assert set(result["linear"]["fractions"]) == {"0.25", "1.0"}
   assert result["linear"]["fractions"]["0.25"]["labels"] == 4  # round(25 % of 10) = 2 per class
   assert set(result["cue"]) == {"0.0", "2.0"} and all(0 <= c["auc"] <= 1 for c in result["cue"].values())
-  # K = 23 tokens, W = 4, S = 2 (4 samples per window step), N = 10: the final window starts at
-  # sample 36; a gap of 2 windows ends the cue at sample 28, 20 samples before the end.
-  assert result["cue"]["2.0"]["gap_ratio"] == 20 / 48
+  # Series 0 of each split has 30 valid samples: a cue 2 whole windows before its last window does not fit it.
+  assert result["cue"]["0.0"]["series"] == 32 and result["cue"]["2.0"]["series"] == 30
+  assert set(result["controls"]) == {"raw series, same probe", "raw series, 1-NN", "pmt_tiny (random init)"}
+  assert set(result["controls"]["pmt_tiny (random init)"]) == {"linear", "cue"}
+  assert set(result["gates"]) == {"block_0"} and 0 < result["gates"]["block_0"]["skip"] < 1
+  assert result["num_params"] > 0
   assert (out / "probe_accuracy.png").stat().st_size > 0 and (out / "cue_auc.png").stat().st_size > 0
-  assert "linear probe, 25% labels" in capsys.readouterr().out
+  captured = capsys.readouterr()
+  assert "probe, 25% labels" in captured.out and "raw series, 1-NN" in captured.out
+  warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+  assert len(warnings) == 2  # once per gap, not once per encoder
+  assert any("gap 50" in line and "skipped" in line for line in warnings)
+  assert any("gap 2" in line and "2 short series" in line for line in warnings)
 
-  random_out = tmp_path / "random"
-  run = str(pretrained / "runs" / "pmt")
-  assert evaluate(["--run", run, "--out", str(random_out), "--random-init",
-                   "--probes", "linear", *options]) == 0
-  (random,) = json.load(open(random_out / "series_probes.json"))
+  run = pretrained / "runs" / "pmt"
+  assert evaluate(["--run", str(run), "--random-init", "--probes", "linear", "--controls", "none", *options]) == 0
+  (random,) = json.load(open(run / "eval_random_init" / "series_probes.json"))
   assert random["step"] == 0 and "random init" in random["label"] and "cue" not in random
+  assert "controls" not in random and not (run / "eval").exists()  # beside the trained results, not over them
 
 
 def test_series_shorter_than_a_patch_is_a_one_line_error(tmp_path, capsys):

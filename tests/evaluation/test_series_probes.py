@@ -172,3 +172,58 @@ def test_plots(tmp_path):
     assert plot_probe_accuracy({}, tmp_path / "none.png") is None
     assert plot_probe_accuracy({"PMT": {"classifier": "svm", "fractions": {}}}, tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
+
+
+def test_cue_placement_paper_counts_whole_windows_within_each_valid_length():
+  from lpcjax.evaluation.series import cue_placement
+  from lpcjax.models import PMTConfig
+  # 48 samples, patch 4 / stride 2: K = 23 tokens, W = 4, S = 2 (overlapping) or 4 (not).
+  x = np.zeros((2, 48, 1), np.float32)
+  x[1, 30:] = np.nan  # 30 valid samples: 14 tokens
+  overlapping = PMTConfig(patch_size=4, patch_stride=2)
+  spans, last = cue_placement(overlapping, x, 1, "paper")
+  # series 0: last full window 9 starts at token 18 = sample 36; one whole window (4 tokens,
+  # 8 samples) before: the cue ends at 28 and spans 20 % of 48 = 10 samples.
+  assert last.tolist() == [9, 5] and spans[0].tolist() == [18, 28]
+  assert spans[1].tolist() == [6 * 2 - 6, 12] and spans[1, 1] == (5 * 2 - 4) * 2  # width 20 % of 30 = 6
+  spans, last = cue_placement(overlapping, x, 1, "overlap")  # the earlier variant: strides, padded length
+  assert last.tolist() == [9, 9] and spans.tolist() == [[22, 32], [22, 32]]  # (9 - 1) strides of 4 samples
+  spans, last = cue_placement(PMTConfig(patch_size=4, patch_stride=2, window_stride_fraction=1.0), x, 1, "paper")
+  assert last.tolist() == [4, 2] and spans[0].tolist() == [14, 24]
+  _, last = cue_placement(overlapping, x, 3, "paper")
+  assert last.tolist() == [9, -1]  # does not fit the short series
+
+
+def test_insert_cue_at_per_series_spans():
+  x = np.random.default_rng(0).normal(size=(2, 30, 1))
+  out = insert_cue(x, np.array([[0, 10], [5, 20]]), amplitude=1.0)
+  changed = np.abs(out - x)[..., 0] > 1e-9
+  assert changed[0, 1:9].all() and not changed[0, 10:].any()
+  assert changed[1, 6:19].all() and not changed[1, :5].any() and not changed[1, 20:].any()
+  with pytest.raises(ValueError, match="spans"):
+    insert_cue(x, np.array([[0, 40], [0, 10]]))
+
+
+def test_label_fractions_that_draw_the_same_subsets_are_one_row(capsys):
+  rng = np.random.default_rng(0)
+  y = np.repeat([0, 1], 20)
+  x = rng.normal(size=(40, 3)) + y[:, None]
+  out = linear_probe(x, y, x, y, fractions=(0.01, 0.05, 0.5), seeds=(0, 1))
+  cells = out["fractions"]
+  assert cells["0.05"]["same_as"] == "0.01" and "same_as" not in cells["0.5"] and "same_as" not in cells["0.01"]
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("warning:") and "one row" in err[0]
+
+
+def test_one_nearest_neighbour_control():
+  x = np.array([[0.0, 0.0], [10.0, 10.0]])
+  out = linear_probe(x, [0, 1], x + 0.1, [0, 1], fractions=(1.0,), seeds=(0,), classifier="1nn")
+  assert out["fractions"]["1.0"]["accuracy"] == 1.0
+
+
+def test_compared_runs_of_one_config_keep_their_rows():
+  from lpcjax.evaluation.series import plot_rows
+  result = lambda run: {"run": run, "label": "pmt_tiny", "linear": {"fractions": {}},
+                        "controls": {"raw series, 1-NN": {"linear": {"fractions": {}}}}}
+  rows = plot_rows([result("runs/a"), result("runs/b/")])
+  assert set(rows) == {"pmt_tiny", "raw series, 1-NN", "pmt_tiny [b]", "raw series, 1-NN [b]"}

@@ -1,0 +1,171 @@
+"""Does PMT pre-training beat its controls? Pre-trains ``configs/pmt.py`` variants on UCR sets
+over several seeds through the commands users run (train.py, eval.py), then prints one table:
+the linear probe at each label fraction for the raw-series controls (same probe, 1-NN), the
+random init, and each pre-trained variant (mean ± std over pre-training seeds of the means
+over label seeds), parameter counts, cue-retention AUC by gap, gate values and time per run.
+
+  python benchmarks/pmt_pretraining.py --sets ECG200 GunPoint --seeds 0 1 --steps 150
+  python benchmarks/pmt_pretraining.py --validation ...   # the TRAIN files only (30 % held out)
+
+``--validation`` evaluates on a held-out 30 % of each TRAIN file, never the TEST file (for
+choosing settings); otherwise on the TEST file where the set has one (Wafer's copy has none:
+its held-out split). Runs go to --run-dir and are reused when their results exist (--fresh
+to redo). ``--extra`` adds overrides to every training run (e.g. a view to try).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+from results_file import write_results
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UCR = os.path.join(os.path.dirname(REPO), "shared", "data", "ucr")
+VARIANTS = {"pmt": "tiny", "pmt_no_pcl": "tiny_no_pcl", "full_matched": "tiny_full_matched", "full": "tiny_full"}
+
+
+def files(name, validation):
+  train = os.path.join(UCR, name, f"{name}_TRAIN.tsv.gz")
+  test = os.path.join(UCR, name, f"{name}_TEST.tsv.gz")
+  return train, (None if validation or not os.path.exists(test) else test)
+
+
+def run_one(args, name, variant, seed):
+  """Train and evaluate one (set, variant, seed); returns its eval result with the run's time."""
+  run = os.path.join(args.run_dir, f"{name}-{variant}-s{seed}")
+  out = os.path.join(run, "eval")
+  if os.path.exists(os.path.join(run, "timing.json")) and not args.fresh:
+    return _load(run, out)
+  train, test = files(name, args.validation)
+  overrides = [f"data.train_file={train}", f"train.steps={args.steps}", f"train.seed={seed}",
+               f"train.run_dir={args.run_dir}", f"train.run_name={os.path.basename(run)}", *args.extra]
+  if test:
+    overrides.append(f"data.eval_file={test}")
+  python = sys.executable
+  start = time.perf_counter()
+  subprocess.run([python, "train.py", "--config", f"pmt:{VARIANTS[variant]}", *overrides], cwd=REPO, check=True,
+                 stdout=subprocess.DEVNULL)
+  trained = time.perf_counter()
+  # Controls (raw, 1-NN, random init) once per set and seed: with the PMT run.
+  controls = "raw,1nn,random" if variant == "pmt" else "none"
+  probes = "linear,cue" if variant != "full" else "linear"
+  subprocess.run([python, "eval.py", "--run", run, "--out", out, "--seeds", str(args.label_seeds),
+                  "--gaps", args.gaps, "--controls", controls, "--probes", probes], cwd=REPO, check=True,
+                 stdout=subprocess.DEVNULL)
+  timing = {"train_seconds": trained - start, "eval_seconds": time.perf_counter() - trained}
+  json.dump(timing, open(os.path.join(run, "timing.json"), "w"))
+  return _load(run, out)
+
+
+def _load(run, out):
+  return json.load(open(os.path.join(run, "timing.json"))) | json.load(open(os.path.join(out, "series_probes.json")))[0]
+
+
+def rows_of(result, variant):
+  """{row label: {"linear": ..., "cue": ...}}: the variant's own row and, for pmt, its controls."""
+  rows = {variant: {k: result[k] for k in ("linear", "cue") if k in result}}
+  for label, row in result.get("controls", {}).items():
+    rows["random init" if "random init" in label else label] = row
+  return rows
+
+
+def mean_std(values):
+  values = [v for v in values if v is not None]
+  return (float(np.mean(values)), float(np.std(values))) if values else (None, None)
+
+
+def summarize(results):
+  """{set: {row: {"fractions": {f: (mean, std, labels, same_as)}, "cue": {g: (mean, std)}}}} over seeds."""
+  table = {}
+  for (name, variant, _), result in results.items():
+    for row, cells in rows_of(result, variant).items():
+      entry = table.setdefault(name, {}).setdefault(row, {"fractions": {}, "cue": {}, "runs": []})
+      entry["runs"].append(cells)
+  for rows in table.values():
+    for entry in rows.values():
+      runs = entry.pop("runs")
+      fractions = runs[0].get("linear", {}).get("fractions", {})
+      for f, cell in fractions.items():
+        acc = mean_std([r["linear"]["fractions"][f]["accuracy"] for r in runs])
+        entry["fractions"][f] = {"accuracy": acc[0], "accuracy_std_over_seeds": acc[1], "labels": cell["labels"],
+                                 "same_as": cell.get("same_as"), "pretraining_seeds": len(runs)}
+      for g in runs[0].get("cue", {}):
+        auc = mean_std([r["cue"].get(g, {}).get("auc") for r in runs])
+        entry["cue"][g] = {"auc": auc[0], "auc_std_over_seeds": auc[1]}
+  return table
+
+
+def print_table(table, results, fractions):
+  for name, rows in table.items():
+    params = {variant: r["num_params"] for (n, variant, _), r in results.items() if n == name}
+    print(f"\n{name}: probe accuracy (mean ± std over pre-training seeds); parameters {params}")
+    header = "".join(f"{float(f):>16.0%}" for f in fractions)
+    gaps = sorted({g for row in rows.values() for g in row["cue"]}, key=float)
+    print(f"{'row':<28}{header}" + "".join(f"{'cue g=' + format(float(g), 'g'):>14}" for g in gaps))
+    for row, entry in rows.items():
+      cells = []
+      for f in fractions:
+        cell = entry["fractions"].get(str(float(f)))
+        if cell is None or cell["accuracy"] is None:
+          cells.append(f"{'—':>16}")
+        elif cell["same_as"]:
+          cells.append(f"{'= ' + format(float(cell['same_as']), '.0%'):>16}")
+        else:
+          cells.append(f"{cell['accuracy']:>9.3f} ± {cell['accuracy_std_over_seeds']:.3f}")
+      cues = [f"{entry['cue'][g]['auc']:>8.3f} ± {entry['cue'][g]['auc_std_over_seeds']:.2f}" if g in entry["cue"]
+              else f"{'—':>14}" for g in gaps]
+      print(f"{row:<28}" + "".join(cells) + "".join(cues))
+    for (n, variant, seed), r in results.items():
+      if n == name and r["gates"]:
+        print(f"  gates after training, {variant} seed {seed}: " + "; ".join(
+            f"{block} " + " ".join(f"{k} {v:.3f}" for k, v in gates.items()) for block, gates in r["gates"].items()))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sets", nargs="+", default=["ECG200", "GunPoint", "Strawberry", "Wafer"])
+  parser.add_argument("--variants", nargs="+", default=["pmt", "pmt_no_pcl", "full_matched"], choices=list(VARIANTS))
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="pre-training seeds")
+  parser.add_argument("--steps", type=int, default=150)
+  parser.add_argument("--label-seeds", type=int, default=5, help="label subsets (and cue placements) per cell")
+  parser.add_argument("--gaps", default="0,1,2", help="cue gaps in whole windows")
+  parser.add_argument("--validation", action="store_true", help="held-out 30 %% of TRAIN, never TEST")
+  parser.add_argument("--extra", nargs="*", default=[], help="overrides for every training run")
+  parser.add_argument("--run-dir", default="runs/pmt_pretraining")
+  parser.add_argument("--fresh", action="store_true")
+  parser.add_argument("--cached-only", action="store_true",
+                      help="only the runs already in --run-dir (the table of an interrupted measurement)")
+  parser.add_argument("--out", default=None,
+                      help="JSON path (default benchmarks/results/pmt_pretraining_<backend>.json)")
+  args = parser.parse_args()
+
+  results = {}
+  for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds
+    for name in args.sets:
+      for variant in args.variants:
+        run = os.path.join(args.run_dir, f"{name}-{variant}-s{seed}")
+        if args.cached_only and not os.path.exists(os.path.join(run, "timing.json")):
+          print(f"{name} {variant} seed {seed}: not run (--cached-only)")
+          continue
+        results[(name, variant, seed)] = run_one(args, name, variant, seed)
+        r = results[(name, variant, seed)]
+        print(f"{name} {variant} seed {seed}: train {r['train_seconds']:.0f} s, eval {r['eval_seconds']:.0f} s",
+              flush=True)
+  table = summarize(results)
+  fractions = sorted({float(f) for rows in table.values() for row in rows.values() for f in row["fractions"]})
+  print_table(table, results, fractions)
+  runs = [{"set": name, "variant": variant, "seed": seed, "num_params": r["num_params"], "gates": r["gates"],
+           "train_seconds": r["train_seconds"], "eval_seconds": r["eval_seconds"], "step": r["step"],
+           "train_series": r["train_series"], "eval_series": r["eval_series"]}
+          for (name, variant, seed), r in results.items()]
+  write_results("pmt_pretraining", {"command": " ".join(sys.argv), "steps": args.steps, "extra": args.extra,
+                                    "validation": args.validation, "table": table, "runs": runs,
+                                    "results": [r for r in results.values()]}, args.out)
+
+
+if __name__ == "__main__":
+  main()

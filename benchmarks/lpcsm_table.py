@@ -6,8 +6,9 @@ another.
 After every run its figures go into the JSON (default benchmarks/results/lpcsm_table_<backend>.json):
 held-out LM loss, steps, the per-layer sparse ratio ρ and firing rate on the held-out data at the
 end and their training-log trajectories, wall time, and the probe's key CE (cued and control).
-Runs already in the JSON are skipped, and a run directory that already reached its steps is read
-rather than trained again, so an interrupted table resumes where it stopped. Prints the table.
+Runs already in the JSON are skipped, a run directory that already reached its steps is read
+rather than trained again (its wall_s is then None) and a stopped one is continued from its last
+checkpoint (--resume-or-start), so an interrupted table resumes where it stopped. Prints the table.
 
   python -m lpcjax.data runs/data/pg_a BOOKS...    # the data: see DATA below and docs/lpcsm.md
   python benchmarks/lpcsm_table.py [--seeds 0 1] [--rows full no_mhc ...] [--probe full no_mhc]
@@ -56,7 +57,7 @@ def run_name(row, seed):
 
 def train_command(row, seed, run_dir, data_dir):
   _, config, _, train_data, steps, extra = ROWS[row]
-  command = [sys.executable, "train.py", "--config", config, "data.kind=tokens",
+  command = [sys.executable, "train.py", "--resume-or-start", "--config", config, "data.kind=tokens",
              f"data.train_tokens={data_dir}/{train_data}", f"data.eval_tokens={data_dir}/pg_eval",
              f"train.steps={steps}", "train.eval_batches=32", f"train.seed={seed}",
              f"train.run_dir={run_dir}", f"train.run_name={run_name(row, seed)}", *extra]
@@ -69,6 +70,16 @@ def probe_command(run):
   haystack = [os.path.join(BOOKS, f"{book}.txt.gz") for book in DATA["pg_eval"]]
   return [sys.executable, "eval.py", "--run", run, "--delayed-id", "--delayed-id-prompts", str(PROBE_PROMPTS),
           "--haystack", *haystack, "--max-sequences", "16", "--eval-len", "256", "--no-progress"]
+
+
+def complete(run, steps):
+  """Whether run reached steps (a run stopped by a signal writes a summary too, marked preempted)."""
+  path = os.path.join(run, "summary.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    summary = json.load(f)
+  return not summary["preempted"] and summary["step"] >= steps
 
 
 def timed(command, log_path):
@@ -176,7 +187,7 @@ def main():
       run = os.path.join(args.run_dir, name)
       if name not in runs:
         wall = None
-        if not os.path.exists(os.path.join(ROOT, run, "summary.json")):
+        if not complete(os.path.join(ROOT, run), ROWS[row][4]):
           print(f"training {name}", flush=True)
           wall = timed(train_command(row, seed, args.run_dir, args.data_dir), os.path.join(logs, f"{name}.log"))
         runs[name] = {"row": row, "seed": seed, **figures(os.path.join(ROOT, run)), "wall_s": wall}

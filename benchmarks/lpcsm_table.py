@@ -135,7 +135,7 @@ def load(path):
   return {}
 
 
-def save(path, runs, seeds):
+def save(path, runs):
   write_results("lpcsm_table", {
       "what": "LPC-SM tiny config (current defaults), its Stage-A ablations, Stage B and the FoX / Transformer "
               "baselines at one recipe (docs/lpcsm.md, Figures). eval_lm_loss: train.py's final held-out "
@@ -144,7 +144,8 @@ def save(path, runs, seeds):
               f"the identifier's tokens, mean over {PROBE_PROMPTS} prompts (control: header names another id); "
               "wall_s: the train.py subprocess (None: the run directory was already complete).",
       "cpu": f"{os.cpu_count()} CPU cores, shared with other jobs", "python": sys.version.split()[0],
-      "data": {prefix: books for prefix, books in DATA.items()}, "seeds": seeds,
+      "data": {prefix: books for prefix, books in DATA.items()},
+      "seeds": sorted({run["seed"] for run in runs.values()}),
       "commands": ["python -m lpcjax.data runs/data/PREFIX BOOK.txt.gz ...  (for each PREFIX of data)",
                    *["python " + " ".join(train_command(row, 0, "runs", "runs/data")[1:]) for row in ROWS],
                    "seed s > 0: train.seed=s train.run_name=<name>_s<s> (Stage B: init_from the Stage-A run _s<s>)",
@@ -191,12 +192,12 @@ def main():
           print(f"training {name}", flush=True)
           wall = timed(train_command(row, seed, args.run_dir, args.data_dir), os.path.join(logs, f"{name}.log"))
         runs[name] = {"row": row, "seed": seed, **figures(os.path.join(ROOT, run)), "wall_s": wall}
-        save(out, runs, args.seeds)
+        save(out, runs)
       if row in args.probe and "delayed_id" not in runs[name]:
         print(f"probing {name}", flush=True)
         wall = timed(probe_command(run), os.path.join(logs, f"{name}_probe.log"))
         runs[name]["delayed_id"] = {**probe_figures(os.path.join(ROOT, run)), "wall_s": wall}
-        save(out, runs, args.seeds)
+        save(out, runs)
   print(table(runs, args.seeds))
 
 

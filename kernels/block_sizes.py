@@ -57,17 +57,17 @@ def padded_length(seq_len, multiple):
   return -(-seq_len // multiple) * multiple
 
 
-def pad_seq(x, padded_len, axis=1):
-  """Zero-pad axis ``axis`` of x up to padded_len."""
+def pad_seq(x, padded_len, axis=1, fill=0):
+  """Pad axis ``axis`` of x up to padded_len with ``fill``."""
   pad = [(0, 0)] * x.ndim
   pad[axis] = (0, padded_len - x.shape[axis])
-  return jnp.pad(x, pad)
+  return jnp.pad(x, pad, constant_values=fill)
 
 
-def heads_major(x, padded_len):
-  """[batch, seq, heads, ...] -> [batch, heads, padded_len, ...], zero-padded along seq: the
-  layout in which each (batch, head) holds one contiguous sequence to tile."""
-  return jnp.swapaxes(pad_seq(x, padded_len), 1, 2)
+def heads_major(x, padded_len, fill=0):
+  """[batch, seq, heads, ...] -> [batch, heads, padded_len, ...], padded along seq (zeros by
+  default): the layout in which each (batch, head) holds one contiguous sequence to tile."""
+  return jnp.swapaxes(pad_seq(x, padded_len, fill=fill), 1, 2)
 
 
 # Block ranges of a sliding window (keys j with i - window < j <= i). Starts may be traced int32

@@ -48,7 +48,7 @@ from jax import lax
 
 from . import row_term
 from .api import _check_shapes, _check_window
-from .block_sizes import BlockSizes, padded_length
+from .block_sizes import BlockSizes, heads_major, padded_length
 from .pruning import skip_threshold
 from .segments import segment_starts
 from .xla_blockwise import pair_backward_dkv, pair_backward_dq, pair_forward, pair_row_term
@@ -93,19 +93,14 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
   chunk_len = local_len // layout.chunks
   sizes = (block_sizes or BlockSizes()).fitted(chunk_len)
   padded = padded_length(chunk_len, max(sizes.block_q, sizes.block_k))
-  chunked = lambda x, fill=0: [_heads_major(part, padded, fill) for part in layout.split(x)]
+  padded_parts = lambda parts, fill=0: [heads_major(part, padded, fill) for part in parts]
+  chunked = lambda x: padded_parts(layout.split(x))
+  id_parts = layout.split(ids)  # moved once, padded two ways
   steps = context_steps(window, n * local_len, n)
   static = (axis_name, n, steps, float(sm_scale), sizes.block_q, sizes.block_k, window)
-  o = _ring(chunked(q), chunked(k), chunked(v), chunked(c), chunked(ids, _PAD_ROW_ID),
-            chunked(ids, _PAD_COL_ID), layout.offsets(chunk_len), threshold, static)
+  o = _ring(chunked(q), chunked(k), chunked(v), chunked(c), padded_parts(id_parts, _PAD_ROW_ID),
+            padded_parts(id_parts, _PAD_COL_ID), layout.offsets(chunk_len), threshold, static)
   return layout.merge([jnp.swapaxes(part[:, :, :chunk_len], 1, 2) for part in o])
-
-
-def _heads_major(x, padded_len, fill):
-  """[batch, len, heads, ...] -> [batch, heads, padded_len, ...], padded with ``fill``."""
-  pad = [(0, 0)] * x.ndim
-  pad[1] = (0, padded_len - x.shape[1])
-  return jnp.swapaxes(jnp.pad(x, pad, constant_values=fill), 1, 2)
 
 
 def _earlier_shards(total, axis_name):
@@ -136,6 +131,7 @@ class _Contiguous:
   chunks = 1
 
   def __init__(self, n, axis_name):
+    del n  # the same signature as _Balanced
     self.axis_name = axis_name
 
   def split(self, x):

@@ -187,11 +187,14 @@ def field_types(cls):
   return typing.get_type_hints(cls)
 
 
-def _selector(obj):
-  """'model.family=fox' / 'data.kind=mqar': what decides which fields a section has."""
+def _selector(obj, prefix):
+  """'model.family=fox' / 'data.kind=mqar': what decides which fields a section has; the
+  section's name where nothing does (train)."""
   if hasattr(obj, "family"):
     return f"model.family={obj.family!r}"
-  return f"data.kind={obj.kind!r}"
+  if hasattr(obj, "kind"):
+    return f"data.kind={obj.kind!r}"
+  return prefix
 
 
 def replace_fields(obj, values, prefix):
@@ -201,7 +204,7 @@ def replace_fields(obj, values, prefix):
   for key, text in values.items():
     field = f"{prefix}.{key}"
     if key not in types_:
-      raise ConfigError(f"{field}: unknown key for {_selector(obj)}; known keys are {sorted(types_)}")
+      raise ConfigError(f"{field}: unknown key for {_selector(obj, prefix)}; known keys are {sorted(types_)}")
     parsed[key] = parse_value(text, types_[key], field) if isinstance(text, str) else text
   return dataclasses.replace(obj, **parsed)
 

@@ -5,10 +5,11 @@ Params and activations are annotated with logical names (``nn.with_logical_parti
 ("data", "fsdp", "context", "tensor"). Without rules the annotations are no-ops.
 
 The "context" axis splits the sequence (``activation_length``, mapped to it by the trainer's
-``rules_from_config``): activations, tokens and the loss
-are sharded along it, GSPMD partitions every position-wise op and the few that mix positions
-(RoPE positions, the Pro block's KV-shift: a shift along the sequence becomes a halo exchange),
-and the attention runs context-parallel over a ring (``kernels/context_parallel.py``).
+``rules_from_config``): activations, tokens and the loss are sharded along it, GSPMD
+partitions every position-wise op, the two layers that mix neighbouring positions call
+``shift_along_sequence`` (the Pro block's KV-shift) and ``cummax_along_sequence`` (RoPE
+positions within packed documents), and the attention runs context-parallel over a ring
+(``kernels/context_parallel.py``).
 """
 
 import flax.linen as nn

@@ -36,6 +36,7 @@ def test_overrides_parse_by_field_type():
     ("model.family=mamba", "model.family: unknown model family 'mamba'"),
     ("data.kind=ucr", "data.kind: unknown kind 'ucr'"),
     ("data.train_files=a.txt", "data.train_files: unknown key for data.kind='mqar'"),
+    ("train.mesh_contxt=4", r"train.mesh_contxt: unknown key for train; known keys are \[.*'mesh_context'"),
     ("just_a_word", "expected section.field=value"),
 ])
 def test_bad_overrides_name_the_field(override, field):

@@ -145,7 +145,7 @@ class SeriesDataConfig(DataConfig):
 
   seq_len: int = 0
   batch_size: int = 16
-  train_file: str = ""  # .tsv, .tsv.gz or .npz; required (checked when the source is built)
+  train_file: str = ""  # .tsv, .tsv.gz, .ts, .arff or .npz; required (checked when the source is built)
   eval_file: Optional[str] = None  # None: hold out eval_fraction of the training file
   eval_fraction: float = 0.3
   split_seed: int = 0
@@ -188,7 +188,7 @@ class SeriesSource:
     if split not in ("train", "eval"):
       raise DataError(f"data: unknown split {split!r}; expected 'train' or 'eval'")
     if not config.train_file:
-      raise ConfigError("data.train_file: required: a .tsv, .tsv.gz or .npz file")
+      raise ConfigError("data.train_file: required: a file ending in " + ", ".join(SUFFIXES))
     x, raw = read_series(config.train_file)
     classes = np.unique(raw)
     length = config.seq_len or x.shape[1]

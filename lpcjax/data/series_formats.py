@@ -51,11 +51,11 @@ def read_ts(path):
       if not in_data:
         if not line.startswith("@"):
           raise DataError(f"{path}: line {number}: expected an @ header line before @data, got {line[:40]!r}")
-        key, _, value = line[1:].partition(" ")
+        key, value = (line[1:].split(None, 1) + [""])[:2]  # "@key value", space or tab
         key = key.lower()
         if key == "data":
           in_data = True
-          has_labels = header.get("classlabel", "true").split()[0].lower() == "true"
+          has_labels = (header.get("classlabel", "").split() or ["true"])[0].lower() == "true"
           if header.get("timestamps", "false").lower() == "true":
             raise DataError(f"{path}: @timeStamps true is not supported (only value lists are read)")
         header[key] = value.strip()

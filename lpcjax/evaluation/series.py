@@ -222,9 +222,10 @@ def cue_sets(model_config, splits, options):
 
 
 def valid_lengths(x):
-  """[N]: 1 + the index of each series' last observed sample (any channel)."""
+  """[N]: 1 + the index of each series' last observed sample (any channel); 0 for a series
+  with no observed sample (no cue fits it)."""
   observed = ~np.isnan(x).all(axis=2)
-  return x.shape[1] - np.argmax(observed[:, ::-1], axis=1)
+  return np.where(observed.any(axis=1), x.shape[1] - np.argmax(observed[:, ::-1], axis=1), 0)
 
 
 def cue_placement(model_config, x, gap_windows, protocol="paper", width=0.2):

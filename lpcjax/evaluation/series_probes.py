@@ -75,7 +75,7 @@ def linear_probe(train_features, train_labels, test_features, test_labels, *, fr
   fitted = {}  # subset indices -> (accuracy, macro-F1)
   subsets = {}  # the subsets of every seed -> the first fraction that drew them
   out = {"classifier": classifier, "fractions": {}}
-  for fraction in fractions:
+  for fraction in sorted(fractions):  # smallest first: a larger fraction is marked same_as it
     per_seed, keys = [], []
     for seed in seeds:
       index = stratified_subset(train_y, fraction, seed)

@@ -404,8 +404,12 @@ def gate_values(stack_params, write_gate_temperature=PMAConfig.write_gate_temper
   write and read gates also have input weights; their biases are what the init sets, so they
   say whether (and where) the gates moved."""
   sigmoid = lambda v: float(1 / (1 + np.exp(-float(np.asarray(v).reshape(-1)[0]))))
-  return {name: {"carry": sigmoid(block["carry_gate"]),
-                 "write_u0": sigmoid(np.asarray(block["write"]["bias"]) / write_gate_temperature),
-                 "read": sigmoid(block["read_gate"]["bias"]), "skip": sigmoid(block["aggregator"]["skip_gate"]),
-                 "gamma": float(np.asarray(block["aggregator"]["gamma"]))}
-          for name, block in stack_params.items()}
+
+  def values(block):
+    gates = {"carry": sigmoid(block["carry_gate"])}
+    if "write" in block:  # model.write_gate=false has no write gate
+      gates["write_u0"] = sigmoid(np.asarray(block["write"]["bias"]) / write_gate_temperature)
+    return {**gates, "read": sigmoid(block["read_gate"]["bias"]), "skip": sigmoid(block["aggregator"]["skip_gate"]),
+            "gamma": float(np.asarray(block["aggregator"]["gamma"]))}
+
+  return {name: values(block) for name, block in stack_params.items()}

@@ -40,9 +40,14 @@ def augment(x, rng, noise, scale, mask):
   per-channel standardization). Masked samples stay valid tokens' samples, so the two views keep
   the same token grid (HGCL and PCL pair positions across views); missing samples stay NaN."""
   scale_rng, noise_rng, mask_rng = jax.random.split(rng, 3)
-  factor = 1.0 + scale * jax.random.normal(scale_rng, (x.shape[0], 1, x.shape[2]), x.dtype)
-  view = x * factor + noise * jax.random.normal(noise_rng, x.shape, x.dtype)
-  return jnp.where(jax.random.uniform(mask_rng, x.shape) < mask, jnp.where(jnp.isnan(x), x, 0.0), view)
+  view = x  # each part drawn only when asked for (the settings are static: no draws in the step)
+  if scale:
+    view = view * (1.0 + scale * jax.random.normal(scale_rng, (x.shape[0], 1, x.shape[2]), x.dtype))
+  if noise:
+    view = view + noise * jax.random.normal(noise_rng, x.shape, x.dtype)
+  if mask:
+    view = jnp.where(jax.random.uniform(mask_rng, x.shape) < mask, jnp.where(jnp.isnan(x), x, 0.0), view)
+  return view
 
 
 def make_views(x, rng, noise, scale=(0.0, 0.0), mask=(0.0, 0.0)):

@@ -103,3 +103,9 @@ def test_longer_eval_series_are_cut_with_a_warning(tmp_path, capsys):
   assert err.startswith("warning:") and "1 of 2 series" in err and len(err.splitlines()) == 1
   SeriesSource(SeriesDataConfig(train_file=train, eval_file=train), 0, "eval")
   assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("header", ["@classLabel\ttrue a b", "@classLabel"])
+def test_ts_headers_with_tabs_or_no_class_list(tmp_path, header):
+  x, labels = read_series(write(tmp_path / "t.ts", f"{header}\n@data\n1,2:a\n3,4:b\n"))
+  assert x.shape == (2, 2, 1) and labels.tolist() == ["a", "b"]

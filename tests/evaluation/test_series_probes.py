@@ -213,6 +213,8 @@ def test_label_fractions_that_draw_the_same_subsets_are_one_row(capsys):
   assert cells["0.05"]["same_as"] == "0.01" and "same_as" not in cells["0.5"] and "same_as" not in cells["0.01"]
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("warning:") and "one row" in err[0]
+  largest_first = linear_probe(x, y, x, y, fractions=(0.5, 0.05, 0.01), seeds=(0, 1))["fractions"]
+  assert largest_first["0.05"]["same_as"] == "0.01" and "same_as" not in largest_first["0.01"]
 
 
 def test_one_nearest_neighbour_control():
@@ -227,3 +229,14 @@ def test_compared_runs_of_one_config_keep_their_rows():
                         "controls": {"raw series, 1-NN": {"linear": {"fractions": {}}}}}
   rows = plot_rows([result("runs/a"), result("runs/b/")])
   assert set(rows) == {"pmt_tiny", "raw series, 1-NN", "pmt_tiny [b]", "raw series, 1-NN [b]"}
+
+
+def test_a_series_with_no_observed_sample_gets_no_cue():
+  from lpcjax.evaluation.series import cue_placement, valid_lengths
+  from lpcjax.models import PMTConfig
+  x = np.zeros((3, 48, 1), np.float32)
+  x[1, 30:] = np.nan
+  x[2] = np.nan  # nothing observed
+  assert valid_lengths(x).tolist() == [48, 30, 0]
+  _, last = cue_placement(PMTConfig(patch_size=4, patch_stride=2), x, 0, "paper")
+  assert last[2] == -1 and last[0] >= 0

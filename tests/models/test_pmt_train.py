@@ -102,18 +102,28 @@ def test_views_jitter_scale_and_mask():
   assert 0.15 < float(scaled[:, 0].std()) < 0.25
   jittered = augment(x, rng, 0.3, 0.0, 0.0)[1:]
   assert 0.28 < float((jittered - 1).std()) < 0.32
-  first, second = make_views(x, rng, (0.0, 0.0))
-  np.testing.assert_array_equal(first, second)
+  first, second = make_views(x, rng, (0.3, 0.3), (0.2, 0.2), (0.1, 0.1))
+  assert float(jnp.nanmax(jnp.abs(first - second))) > 0.1  # two views, two draws
+  one, two = jax.random.split(rng)  # each view is augment with its own half of the key
+  np.testing.assert_array_equal(first, augment(x, one, 0.3, 0.2, 0.1))
+  np.testing.assert_array_equal(second, augment(x, two, 0.3, 0.2, 0.1))
 
 
 def test_a_stronger_view_and_temperature_let_pcl_fall_below_the_spec_floor(tmp_path):
-  """The spec's PCL (τ 0.9, 512 negatives) cannot go below log(1 + 512 e^{-1/0.9}) ≈ 5.13 while
-  negatives are orthogonal; the tiny config's τ gives the loss room. A one-line check on the
-  config values, not a training run: the floor is a property of (τ, negatives)."""
+  """pcl_loss on the best case it can see (each state its own positive, every negative
+  orthogonal) is log(1 + K e^{-1/τ}): with the spec's τ 0.9 and 512 negatives that floor is
+  5.13, above where training starts to matter; the tiny config's τ 0.2 / 128 negatives puts it
+  near 0.6, so the loss has room to fall."""
+  from lpcjax.models.pmt_losses import pcl_loss
   config = experiment.load_experiment("configs/pmt.py:tiny").model
-  floor = lambda c: float(np.log1p(c.pcl_negatives * np.exp(-1 / c.pcl_temperature)))
-  assert floor(dataclasses.replace(config, pcl_temperature=0.9, pcl_negatives=512)) > 5.1
-  assert floor(config) < 1.0  # τ 0.2, 128 negatives: log(1 + 128 e^{-5}) ≈ 0.6
+  z = jnp.eye(8).reshape(4, 2, 1, 8)  # 4 sequences x 2 windows x 1 slot, orthonormal states
+  state_valid, example_valid = jnp.ones((4, 2), bool), jnp.ones((4,), bool)
+  loss = lambda c: float(pcl_loss(z, z, state_valid, example_valid, c, jax.random.PRNGKey(0)))
+  spec = dataclasses.replace(config, pcl_temperature=0.9, pcl_negatives=512)
+  assert loss(spec) == pytest.approx(np.log1p(512 * np.exp(-1 / 0.9)), rel=1e-5) and loss(spec) > 5.1
+  assert loss(config) == pytest.approx(np.log1p(config.pcl_negatives * np.exp(-1 / config.pcl_temperature)),
+                                       rel=1e-5)
+  assert loss(config) < 1.0
 
 
 @pytest.mark.parametrize("std,learns", [(1.0, True), (0.02, False)])
@@ -132,3 +142,12 @@ def test_the_carry_gate_has_a_gradient_at_init(std, learns):
     return block.apply({"params": {**params, "carry_gate": theta}}, lower, noise, method=PMABlock.write_slots)
   sensitivity = float(jnp.sqrt(jnp.mean(jax.jacfwd(slots)(params["carry_gate"]) ** 2)))
   assert (sensitivity > 0.2) == learns, sensitivity
+
+
+def test_gate_values_of_a_model_without_write_gate():
+  model = models.get("pmt").build(dataclasses.replace(experiment.load_experiment("configs/pmt.py:tiny").model,
+                                                      write_gate=False))
+  x = jnp.zeros((2, 64, 1))
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), x))["params"]
+  values = gate_values(params["pma"])
+  assert values and all("write_u0" not in gates and 0 < gates["carry"] < 1 for gates in values.values())

@@ -17,14 +17,12 @@ checkpoint (--resume-or-start), so an interrupted table resumes where it stopped
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
 import jax
 from results_file import write_results
+from run_commands import ROOT, complete, timed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOOKS = os.path.join(ROOT, "..", "shared", "data", "pg_books")
 DATA = {  # token-file prefix -> books of pg_books (python -m lpcjax.data PREFIX BOOK.txt.gz ...)
     "pg_a": ["anne_of_green_gables", "brothers_karamazov", "count_of_monte_cristo", "crime_and_punishment",
@@ -70,26 +68,6 @@ def probe_command(run):
   haystack = [os.path.join(BOOKS, f"{book}.txt.gz") for book in DATA["pg_eval"]]
   return [sys.executable, "eval.py", "--run", run, "--delayed-id", "--delayed-id-prompts", str(PROBE_PROMPTS),
           "--haystack", *haystack, "--max-sequences", "16", "--eval-len", "256", "--no-progress"]
-
-
-def complete(run, steps):
-  """Whether run reached steps (a run stopped by a signal writes a summary too, marked preempted)."""
-  path = os.path.join(run, "summary.json")
-  if not os.path.exists(path):
-    return False
-  with open(path) as f:
-    summary = json.load(f)
-  return not summary["preempted"] and summary["step"] >= steps
-
-
-def timed(command, log_path):
-  """Runs command from the repository root, its output into log_path; seconds it took."""
-  start = time.perf_counter()
-  with open(log_path, "w") as log:
-    status = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-  if status:
-    raise SystemExit(f"exit status {status}: {' '.join(command)} (see {log_path})")
-  return time.perf_counter() - start
 
 
 def read_jsonl(path):

@@ -52,6 +52,7 @@ class DataConfig:
   # no text behind them.
   is_text_stream: ClassVar[bool] = False  # sequences cut from one text stream (rolled in eval)
   scores_recall: ClassVar[bool] = False  # examples mark key-query pairs (recall by distance)
+  scores_answers: ClassVar[bool] = False  # generated: accuracy at the answers by bucket, a test split
   default_eval_examples: ClassVar[Optional[int]] = None  # None: every example of a finite set
 
   def for_evaluation(self, seq_len, batch_size):

@@ -9,7 +9,10 @@ channels] (NaN where missing), label [local_batch]}; evaluation batches add ``va
 """
 
 from .errors import DataError
+from .generated import GeneratedConfig, GeneratedSource
 from .mqar import MQARDataConfig, MQARSource, mqar_example
+from .recall_tasks import (TASK_KINDS, DelayedIdConfig, FuzzyRecallConfig, NoisyRecallConfig, OverwriteConfig,
+                           SelectiveCopyConfig)
 from .pipeline import PaddedEvalSource, make_dataset, make_iterator, make_source
 from .prepare import load_token_file, prepare
 from .registry import DataKind, get, names, register
@@ -20,8 +23,10 @@ from .tokenizer import TokenizerError, load_gpt2_tokenizer
 from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource,
                       with_recorded_tokenizer)
 
-__all__ = ["DataError", "DataKind", "MQARDataConfig", "MQARSource", "PaddedEvalSource", "SeriesDataConfig",
-           "SeriesSource", "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource",
-           "TokenizerError", "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator",
-           "make_source", "mqar_example", "names", "prepare", "read_series", "register", "stratified_subset",
+__all__ = ["DataError", "DataKind", "DelayedIdConfig", "FuzzyRecallConfig", "GeneratedConfig",
+           "GeneratedSource", "MQARDataConfig", "MQARSource", "NoisyRecallConfig", "OverwriteConfig",
+           "PaddedEvalSource", "SelectiveCopyConfig", "SeriesDataConfig", "SeriesSource", "TASK_KINDS",
+           "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource", "TokenizerError",
+           "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator", "make_source",
+           "mqar_example", "names", "prepare", "read_series", "register", "stratified_subset",
            "tokenize_files", "with_recorded_tokenizer"]

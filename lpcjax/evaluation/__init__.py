@@ -11,9 +11,10 @@ from .language_model import LanguageModelEvaluator
 from .needle import needle_example, needle_grid, score_answers, score_generated
 from .per_token import context_lengths, per_token_losses, sequence_logits, summarize
 from .protocol import Evaluator
-from .recall import recall_by_distance
+from .recall import answer_accuracy, recall_by_distance
 from .series import SeriesEvaluator
 
 __all__ = ["Evaluator", "LanguageModelEvaluator", "SeriesEvaluator", "context_lengths", "needle_example",
-           "needle_grid", "per_token_losses", "recall_by_distance", "score_answers", "score_generated",
+           "needle_grid", "per_token_losses", "recall_by_distance", "answer_accuracy", "score_answers",
+           "score_generated",
            "sequence_logits", "summarize"]

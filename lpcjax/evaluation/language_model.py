@@ -20,8 +20,8 @@ from lpcjax.decoding import generate
 from .delayed_identifier import delayed_identifier_probe
 from .needle import needle_grid, score_generated
 from .per_token import confidence_band, per_token_losses, sequence_logits, summarize
-from .plots import plot_needle, plot_per_token, plot_perplexity, plot_recall
-from .recall import recall_by_distance
+from .plots import plot_answers, plot_needle, plot_per_token, plot_perplexity
+from .recall import answer_accuracy
 
 NEEDLE_DEPTHS = tuple(i / 10 for i in range(11))
 
@@ -109,6 +109,10 @@ class LanguageModelEvaluator:
     parser.add_argument("--per-token", action="store_true",
                         help="with --needle/--delayed-id: the per-token curve too (default: the "
                              "probes alone, leaving per_token.json as it is)")
+    parser.add_argument("--split", choices=("eval", "test"), default="eval",
+                        help="generated data (MQAR, the mechanism tasks): score the held-out split the "
+                             "trainer evaluated on, or the test split that neither training nor the "
+                             "choice of learning rate saw")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rolls and the needle keys")
     parser.add_argument("--window", type=int, default=64,
                         help="positions per moving-average window and per confidence-band bin")
@@ -118,6 +122,10 @@ class LanguageModelEvaluator:
   def evaluate(self, run, options):
     """Everything eval.py reports for one run (a LoadedRun), as a JSON-ready dict."""
     config, mesh, seed = run.config, run.mesh, options.seed
+    split = getattr(options, "split", "eval")
+    if split != "eval" and (options.data or options.tokens or not config.data.scores_answers):
+      raise DataError(f"--split {split}: only generated data kinds (MQAR, the mechanism tasks) have one; "
+                      "text and token files are scored on their eval data")
     eval_len, batch_size, data = options.eval_len, options.batch_size, options.data
     train_len = config.data.seq_len
     eval_len = eval_len or 4 * train_len
@@ -162,8 +170,8 @@ class LanguageModelEvaluator:
 
   def _per_token(self, run, options, data_config, max_sequences):
     """The per-token loss curve and its summaries over the evaluation data (MQAR: recall too)."""
-    seed = options.seed
-    dataset = make_dataset(data_config, seed, "eval", max_examples=max_sequences)
+    seed, split = options.seed, getattr(options, "split", "eval")
+    dataset = make_dataset(data_config, seed, split, max_examples=max_sequences)
     roll = not options.no_roll and data_config.is_text_stream
     batches = lambda: (dataset[i] for i in range(len(dataset)))
     totals = per_token_losses(run.model, run.params, batches(), run.mesh,
@@ -173,10 +181,13 @@ class LanguageModelEvaluator:
                        data_config.tokens_per_word())
     result.update(rolled=roll, per_sequence_loss=totals.sequence_means.tolist(),
                   band=confidence_band(totals))
-    if data_config.scores_recall:
+    if data_config.scores_answers:
       predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
-      predict_fn = lambda x: predict(run.params, np.asarray(x))
-      result["recall_by_distance"] = recall_by_distance(predict_fn, batches())
+      answers = answer_accuracy(lambda x: predict(run.params, np.asarray(x)), batches())
+      result["answers"] = {**answers, "chance": data_config.chance, "bucket_name": data_config.answer_bucket_name,
+                           "split": split, "eval_len": data_config.seq_len}
+      if data_config.scores_recall:
+        result["recall_by_distance"] = answers["by_bucket"]
     return result
 
   def write(self, results, out_dir, options):
@@ -202,7 +213,9 @@ class LanguageModelEvaluator:
     plot_per_token(runs, os.path.join(out_dir, "per_token_loss.png"), window=options.window, log_x=options.log_x)
     plot_perplexity(runs, os.path.join(out_dir, "perplexity_vs_context.png"))
     if all("recall_by_distance" in r for _, r, _ in runs):
-      plot_recall(runs, os.path.join(out_dir, "recall_by_distance.png"))
+      plot_answers(runs, os.path.join(out_dir, "recall_by_distance.png"))
+    elif all("answers" in r for _, r, _ in runs):
+      plot_answers(runs, os.path.join(out_dir, "accuracy_by_bucket.png"))
 
   def report(self, result):
     """Lines for the terminal."""
@@ -216,10 +229,12 @@ class LanguageModelEvaluator:
              f"{word} over {result['num_sequences']} sequences",
              f"  mean loss over the first L tokens: {by_length}"]
     lines += self._probe_lines(result)
-    if "recall_by_distance" in result:
-      lines.append("  recall by key-query distance: " + ", ".join(
-          f"{bucket}+: {cell['accuracy']:.1%} (n={cell['count']})"
-          for bucket, cell in result["recall_by_distance"].items()))
+    if "answers" in result:
+      answers = result["answers"]
+      lines.append(f"  accuracy at the answers ({answers['split']} split): {answers['accuracy']:.1%} of "
+                   f"{answers['count']} (chance {answers['chance']:.1%}); by {answers['bucket_name']}: " + ", ".join(
+                       f"{bucket}: {cell['accuracy']:.1%} (n={cell['count']})"
+                       for bucket, cell in answers["by_bucket"].items()))
     return lines
 
   def _probe_lines(self, result):

@@ -75,19 +75,26 @@ def plot_perplexity(runs, path):
   finish_plot(fig, ax, path, "context length L", "perplexity over the first L tokens")
 
 
-def plot_recall(runs, path):
-  """MQAR recall accuracy by key-query distance bucket, one line per run, with the counts."""
+def plot_answers(runs, path):
+  """Accuracy at the answers by difficulty bucket (MQAR: key-query distance), one line per run,
+  with the counts and chance as a dotted line."""
   fig, ax = plt.subplots(figsize=(6, 4))
   for label, result, _ in runs:
-    buckets = sorted(int(b) for b in result["recall_by_distance"])
-    cells = [result["recall_by_distance"][str(b)] for b in buckets]
+    by_bucket = result["answers"]["by_bucket"]
+    buckets = sorted(int(b) for b in by_bucket)
+    cells = [by_bucket[str(b)] for b in buckets]
     ax.plot(buckets, [c["accuracy"] for c in cells], "o-", label=label)
     for bucket, cell in zip(buckets, cells):
       ax.annotate(f"n={cell['count']}", (bucket, cell["accuracy"]), fontsize=7, textcoords="offset points",
                   xytext=(0, 5), ha="center")
-  ax.set_xscale("log", base=2)
+  answers = runs[0][1]["answers"]
+  ax.axhline(answers["chance"], color="gray", linestyle=":", label=f"chance ({answers['chance']:.1%})")
+  if max(int(b) for _, r, _ in runs for b in r["answers"]["by_bucket"]) >= 4:
+    ax.set_xscale("log", base=2)
   ax.set_ylim(-0.05, 1.1)
-  finish_plot(fig, ax, path, "distance from key to query (tokens, bucket start)", "recall accuracy")
+  name = answers["bucket_name"]
+  xlabel = "distance from key to query (tokens, bucket start)" if name == "key-query distance" else name
+  finish_plot(fig, ax, path, xlabel, "accuracy at the answers")
 
 
 def plot_needle(grid, lengths, depths, path, title="Needle in a haystack"):

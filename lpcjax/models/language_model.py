@@ -5,12 +5,13 @@ is a ``Family`` with these defaults; any field can be given to replace one."""
 import jax.numpy as jnp
 
 from lpcjax.config import require
+from lpcjax.data import TASK_KINDS
 from lpcjax.evaluation.language_model import LanguageModelEvaluator
 from lpcjax.losses import lm_loss
 
 from .family import Family
 
-LM_DATA_KINDS = ("mqar", "text", "tokens")
+LM_DATA_KINDS = (*TASK_KINDS, "text", "tokens")
 
 
 def token_inputs(data_config):

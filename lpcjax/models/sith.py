@@ -101,7 +101,11 @@ class GPT2Block(nn.Module):
 
 
 class SITHLM(nn.Module):
-  """tokens [batch, H + m] -> logits [batch, m, vocab] (float32) for the last m tokens."""
+  """tokens [batch, T >= H + m] -> logits [batch, m, vocab] (float32) for the last m tokens.
+
+  A longer input (a generated task's sequence, whose answers end it) is cut to its last H + m
+  tokens: the model reads no further back than its slots reach, which is what the delta-pulse
+  control is about (its L slots reach L tokens back, the compressed ones τ*_max)."""
 
   config: SITHConfig
 
@@ -110,9 +114,10 @@ class SITHLM(nn.Module):
     del segment_ids  # windows are contiguous text; documents are not separated here
     cfg = self.config
     history = cfg.history_len
-    if tokens.shape[1] != cfg.window_len:
+    if tokens.shape[1] < cfg.window_len:
       raise ValueError(f"sith: expected windows of H + m = {history} + {cfg.chunk_len} tokens, "
                        f"got {tokens.shape[1]}")
+    tokens = tokens[:, -cfg.window_len:]
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
     wte = TokenEmbed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
                    embedding_init=normal_init(cfg.init_std, ("vocab", "embed")), name="wte")
@@ -156,9 +161,17 @@ def windowed_logits(model, params, inputs, segment_ids=None):
 
 
 def check_sith(config):
+  """Text is cut into windows of exactly H + m tokens (stride m); a generated task's sequence may
+  be longer (the model reads its last H + m tokens; eval.py's windows then need a multiple of m)."""
   check_vocab(config)
-  require(config.data.seq_len == config.model.window_len, "data.seq_len",
-          f"the sith model reads windows of {config.model.window_len} tokens (H + m), got {config.data.seq_len}")
+  window, seq_len = config.model.window_len, config.data.seq_len
+  if config.data.is_text_stream:
+    require(seq_len == window, "data.seq_len",
+            f"the sith model reads windows of {window} tokens (H + m), got {seq_len}")
+  else:
+    require(seq_len >= window, "data.seq_len",
+            f"the sith model reads the last {window} tokens (H + m) of each sequence: needs seq_len >= {window}, "
+            f"got {seq_len}")
 
 
 # lm_loss scores the last m targets of each window, the positions the model predicts.

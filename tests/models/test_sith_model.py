@@ -74,9 +74,9 @@ def test_sith_trains_through_the_shared_harness(tmp_path):
                          "data.mqar_num_pairs=2", name="sith")
   model = models.SITHConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, mlp_dim=64, num_filters=9,
                             k=50, chunk_len=12)
-  message = r"data.seq_len: the sith model reads windows of 16 tokens \(H \+ m\), got 32"
+  message = r"data.seq_len: the sith model reads the last 16 tokens \(H \+ m\) .* needs seq_len >= 16, got 12"
   with pytest.raises(C.ConfigError, match=message):
-    C.ExperimentConfig(model=model, data=base.data, train=base.train)
+    C.ExperimentConfig(model=model, data=dataclasses.replace(base.data, seq_len=12), train=base.train)
   cfg = C.ExperimentConfig(model=model, data=dataclasses.replace(base.data, seq_len=16), train=base.train,
                            name="sith")
   _, summary = train(cfg, progress=False, devices=jax.devices()[:1])

@@ -1,0 +1,96 @@
+"""The mechanism suite (docs/mechanisms.md): generated tasks on which a paper's mechanism must make
+the difference, each cell a small model trained on CPU in minutes. ``--config mechanisms:TASK``
+or ``mechanisms:TASK-MODEL``:
+
+  python train.py --config mechanisms:delayed_id-lpcsm_no_slow train.learning_rate=3e-3 train.seed=1
+  python eval.py --run runs/mechanisms_delayed_id-lpcsm_no_slow --split test --eval-len 128
+
+TASK (all 128 tokens, batch 32, vocabulary 256, scored only at the answers):
+  mqar            8 key-value pairs, each key queried once later (Zoology); mqar_random: random filler
+  overwrite       keys written again and again (8 keys, ~7 writes each); the answer is the latest value
+  delayed_id      1-8 identifiers, 96 distractor tokens, a trigger, the identifiers again
+  noisy_recall    MAD's noisy in-context recall (8 keys, 20 % noise tokens)
+  fuzzy_recall    MAD's fuzzy recall (keys and values of 2 tokens, 8 entries)
+  selective_copy  MAD's selective copying (16 tokens among blanks)
+
+MODEL (d 64, 2 layers, 4 heads unless said; default fox):
+  fox, fox_pro                     FoX, LLaMA or Pro block, the T(b) gate init (timescales 1 to 128)
+  fox_paper_init                   FoX (LLaMA) with the paper's gate init (bias 0)
+  transformer, transformer_nope    LLaMA block with RoPE / without a positional encoding
+  transformer_pro                  Pro block with RoPE
+  lpcsm, lpcsm_no_{mhc,slow,pc,ont,stop}   LPC-SM (window 32, chunks of 16, memory 64) and its
+                                   Stage-A ablations; lpcsm_full_window: a window over the whole sequence
+  sith, sith_delta                 SITH with L = 27 slots (τ*_max = 91) and m = 32 predicted tokens,
+                                   and the delta-pulse control (the 27 preceding tokens); a SITH model
+                                   reads the last H + m tokens of each sequence, so it is scored on tasks
+                                   whose answers end the sequence (delayed_id, selective_copy)
+
+The learning rate here is a start; benchmarks/mechanisms.py sweeps three values per model and task
+on the eval split and reports the test split.
+"""
+
+import dataclasses
+
+from lpcjax.data import (DelayedIdConfig, FuzzyRecallConfig, MQARDataConfig, NoisyRecallConfig, OverwriteConfig,
+                         SelectiveCopyConfig)
+from lpcjax.experiment import ConfigError, ExperimentConfig, TrainConfig
+from lpcjax.models import FoXConfig, LPCSMConfig, SITHConfig, TransformerConfig
+
+SEQ_LEN, BATCH, VOCAB = 128, 32, 256
+TASKS = {
+    "mqar": MQARDataConfig(seq_len=SEQ_LEN, batch_size=BATCH, mqar_vocab_size=VOCAB, mqar_num_pairs=8),
+    "mqar_random": MQARDataConfig(seq_len=SEQ_LEN, batch_size=BATCH, mqar_vocab_size=VOCAB, mqar_num_pairs=8,
+                                  mqar_filler="random"),
+    "overwrite": OverwriteConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, overwrite_num_keys=8),
+    "delayed_id": DelayedIdConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, delayed_id_max_ids=8,
+                                  delayed_id_gap=96),
+    "noisy_recall": NoisyRecallConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, noisy_num_keys=8),
+    "fuzzy_recall": FuzzyRecallConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, fuzzy_num_keys=8),
+    "selective_copy": SelectiveCopyConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB,
+                                          copy_num_tokens=16),
+}
+
+_SIZE = dict(vocab_size=VOCAB, d_model=64, num_layers=2, num_heads=4)
+_DECODER = dict(_SIZE, mlp_multiple_of=64, tie_embeddings=True)
+# T(b): gate biases spread so that the heads' timescales 1 / (1 - f) run from 1 to 128 tokens.
+_TIMESCALE_GATE = dict(gate_bias_init="timescale", gate_t_max=128)
+_LPCSM = LPCSMConfig(**_DECODER, attention_window=32, chunk_size=16, memory_dim=64)
+LPCSM_ABLATIONS = {"no_mhc": "mhc", "no_slow": "slow_memory", "no_pc": "predictive_coding", "no_ont": "ont",
+                   "no_stop": "stop_head"}
+MODELS = {
+    "fox": FoXConfig(**_DECODER, **_TIMESCALE_GATE),
+    "fox_pro": FoXConfig(**_DECODER, **_TIMESCALE_GATE, block="pro"),
+    "fox_paper_init": FoXConfig(**_DECODER),
+    "transformer": TransformerConfig(**_DECODER),
+    "transformer_nope": TransformerConfig(**_DECODER, use_rope=False),
+    "transformer_pro": TransformerConfig(**_DECODER, block="pro"),
+    "lpcsm": _LPCSM,
+    **{f"lpcsm_{name}": dataclasses.replace(_LPCSM, **{field: False}) for name, field in LPCSM_ABLATIONS.items()},
+    "lpcsm_full_window": dataclasses.replace(_LPCSM, attention_window=SEQ_LEN),
+    "sith": SITHConfig(**_SIZE, mlp_dim=256, num_filters=27, chunk_len=32),
+    "sith_delta": SITHConfig(**_SIZE, mlp_dim=256, num_filters=27, chunk_len=32, delta_pulse=True),
+}
+# Models that predict only the last m tokens of a sequence: the tasks whose answers end it.
+END_ANSWER_TASKS = ("delayed_id", "selective_copy")
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)  # the sweep of benchmarks/mechanisms.py
+STEPS = 400
+
+
+def train_config(model_name, name):
+  # LPC-SM's ratio logit must cross its range within a short run (configs/lpcsm.py explains the 10).
+  lr_scales = ("ratio_logit=10",) if model_name.startswith("lpcsm") else ()
+  return TrainConfig(steps=STEPS, learning_rate=3e-3, warmup_steps=STEPS // 10, weight_decay=0.1, log_every=50,
+                     eval_batches=8, lr_scales=lr_scales, run_name=f"mechanisms_{name}")
+
+
+def get_config(spec="mqar"):
+  task, _, model_name = spec.partition("-")
+  model_name = model_name or "fox"
+  if task not in TASKS or model_name not in MODELS:
+    raise ConfigError(f"mechanisms:{spec}: expected TASK[-MODEL], TASK one of {sorted(TASKS)}, "
+                      f"MODEL one of {sorted(MODELS)}")
+  if model_name.startswith("sith") and task not in END_ANSWER_TASKS:
+    raise ConfigError(f"mechanisms:{spec}: a SITH model predicts only a sequence's last tokens; "
+                      f"its tasks are {list(END_ANSWER_TASKS)}")
+  return ExperimentConfig(model=MODELS[model_name], data=TASKS[task], train=train_config(model_name, spec),
+                          name=f"mechanisms_{spec}")

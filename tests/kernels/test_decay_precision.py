@@ -73,9 +73,12 @@ def test_two_float_difference_scales_with_the_decay():
 
 @pytest.mark.parametrize("impl", ["reference", "xla", "pallas", "pallas_tpu"])
 def test_backend_with_c_offset_matches_float64(impl, offset_case):
-  (q, k, v, log_f, do), truth = offset_case
-  sizes = BlockSizes(256, 256) if impl == "pallas_tpu" else BlockSizes(64, 32)  # few interpreted TPU steps
-  errors = relative_errors(float32_results(impl, q, k, v, log_f, do, block_sizes=sizes), truth)
+  inputs, truth = offset_case
+  sizes = BlockSizes(64, 32)
+  if impl == "pallas_tpu":  # its interpreted grid steps are slow: half the sequence, wide tiles
+    inputs = [x[:, :512] for x in inputs]
+    truth, sizes = forgetting_attention_float64(*inputs), BlockSizes(256, 256)
+  errors = relative_errors(float32_results(impl, *inputs, block_sizes=sizes), truth)
   assert max(errors) <= TOLERANCE, dict(zip(("o", "dq", "dk", "dv", "dlog_f"), errors))
 
 

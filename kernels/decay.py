@@ -17,15 +17,17 @@ bias from the parts:
 in: it splits each x_t exactly into x_t = h_t + r_t with h_t on a grid so coarse (2^-24 sigma,
 sigma a power of two >= 2 sum|x| of that sequence) that every partial sum of the h's is a
 multiple of the grid below sigma, hence a float32 (Rump, Ogita and Oishi's extraction:
-h = (sigma + x) - sigma). The remainders r_t are split again the same way, three times; only
-the last remainders' cumsum rounds, and they are below T 2^-72 sigma each. The exact partial
+h = (sigma + x) - sigma). The remainders r_t are split again the same way, four splits in all;
+each gains 23 - log2 T bits (the next sigma is at most T 2^-23 times this one), and only the
+cumsum of the last remainders, below T^3 2^-94 sigma each, rounds. The exact partial
 sums are then added as a two-float (Knuth's TwoSum, which returns the rounding error of a
-float32 addition exactly). Four float32 cumsums and a few elementwise operations: cheap to
+float32 addition exactly). Five float32 cumsums and a few elementwise operations: cheap to
 compile and to run (a parallel scan of two-float additions compiled ~4 s on CPU per sequence
 length, for every test).
 
-Error bound (u = 2^-24, float32 round-to-nearest). |c_t - (hi_t + lo_t)| <= T^3 2^-96 sigma +
-u ulp(c): below 1e-9 at T = 16k, |c| = 1e5. hi_i - hi_j is the correctly rounded difference of
+Error bound (u = 2^-24, float32 round-to-nearest). |c_t - (hi_t + lo_t)| <= T^5 2^-118 sigma +
+u ulp(c) (that last cumsum's worst case, plus the rounding of the low part): below 1e-9 at
+T = 16k, |c| = 1e5 (sigma = 2^18). hi_i - hi_j is the correctly rounded difference of
 two float32s (exact by Sterbenz when they are within a factor 2), lo_i - lo_j has magnitude at
 most ulp(c) and is formed to within u of it, so
 
@@ -97,7 +99,7 @@ def _extract(x, axis):
   return head, x - head
 
 
-_SPLITS = 3  # each split gains 24 - log2(T) bits: three leave T^3 2^-96 sigma (module docstring)
+_SPLITS = 4  # each gains 23 - log2 T bits (module docstring)
 
 
 def _compensated(x, axis, reverse):
@@ -107,7 +109,7 @@ def _compensated(x, axis, reverse):
     sums.append(lax.cumsum(head, axis=axis, reverse=reverse))  # exact
   sums.append(lax.cumsum(rest, axis=axis, reverse=reverse))  # tiny terms: the only rounding
   hi, lo = _two_sum(sums[0], sums[1])
-  return TwoFloat(*_two_sum(hi, lo + (sums[2] + sums[3])))
+  return TwoFloat(*_two_sum(hi, lo + sum(sums[2:])))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))

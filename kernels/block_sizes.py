@@ -58,15 +58,18 @@ def padded_length(seq_len, multiple):
 
 
 def pad_seq(x, padded_len, axis=1, fill=0):
-  """Pad axis ``axis`` of x up to padded_len with ``fill``."""
+  """Pad axis ``axis`` of x up to padded_len with ``fill``, or with copies of the last entry
+  when fill is "edge"."""
   pad = [(0, 0)] * x.ndim
   pad[axis] = (0, padded_len - x.shape[axis])
+  if isinstance(fill, str):
+    return jnp.pad(x, pad, mode=fill)
   return jnp.pad(x, pad, constant_values=fill)
 
 
 def heads_major(x, padded_len, fill=0):
   """[batch, seq, heads, ...] -> [batch, heads, padded_len, ...], padded along seq (zeros by
-  default): the layout in which each (batch, head) holds one contiguous sequence to tile."""
+  default; ``fill`` as in ``pad_seq``): the layout in which each (batch, head) holds one contiguous sequence to tile."""
   return jnp.swapaxes(pad_seq(x, padded_len, fill=fill), 1, 2)
 
 

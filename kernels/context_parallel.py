@@ -6,9 +6,10 @@ Forgetting attention splits across shards because its decay is a difference of o
 sum, c_t = sum_{u <= t} log f_u:
 
 * c: each device takes the cumulative sum of its own log f and adds the sum of all earlier
-  shards' totals (one all-gather of a [batch, heads] total per device). Only the keys' c travels
-  with K and V; the logits c_i - c_j are formed per tile from these global float32 values,
-  exactly as the single-device kernels do. Segment ids are renumbered the same way (a cumulative
+  shards' totals (one all-gather of a [batch, heads] total per device), all of it in decay.py's
+  two float32 parts (c = hi + lo), so the global c stays exact at any length. Only the keys' c
+  travels with K and V; the logits c_i - c_j are formed per tile from the two parts, exactly
+  as the single-device kernels do. Segment ids are renumbered the same way (a cumulative
   count of segment starts plus the earlier shards' counts; a shard's first token compares its
   id with the previous shard's last, one ppermute), so packed documents and hard cuts cross
   shard boundaries correctly.
@@ -30,9 +31,10 @@ sum, c_t = sum_{u <= t} log f_u:
   them and return home at the end; dq stays local. The row term delta_i is read off the output
   for float32 inputs and recomputed over one more ring pass for bf16/fp16 (row_term.py says
   why). d log f then comes from autodiff of the cumulative sum above: a reverse cumsum within
-  the shard plus the later shards' totals.
+  the shard (compensated, decay.py) plus the later shards' totals.
 * Pruning (``prune_epsilon``): the bound of pruning.py over the whole sequence (the norms'
-  max over the shards), so the shards skip what one device would.
+  max over the shards), so the shards skip what one device would; a chunk padded up to the
+  tile size pads c with its last value, so padding never stops a skip.
 
 The block pairs run the plain-JAX blockwise kernels on every platform (the Pallas kernels have
 no position offsets yet). Communication per layer, forward: N - 1 steps of K, V (and c, ids);
@@ -46,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import row_term
+from . import decay, row_term
 from .api import _check_shapes, _check_window
 from .block_sizes import BlockSizes, heads_major, padded_length
 from .pruning import skip_threshold
@@ -56,7 +58,10 @@ from .xla_blockwise import pair_backward_dkv, pair_backward_dq, pair_forward, pa
 CONTEXT_PARALLEL_IMPLS = ("auto", "xla")
 
 # Padding of a chunk up to the tile size: padded rows and columns get ids that match nothing
-# (real ids are >= 0), so a padded key is never seen, even by a later chunk's queries.
+# (real ids are >= 0), so a padded key is never seen, even by a later chunk's queries. Their c
+# is the chunk's last c ("edge"): c never increases, so a padded row raises no block's max c
+# and a padded column lowers no block's min c, and pruning skips what it would skip without
+# the padding (a 0 there made every padded query block look undecayed).
 _PAD_ROW_ID, _PAD_COL_ID = -2, -1
 
 
@@ -84,7 +89,9 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
     raise ValueError(f"forgetting_attention: prune_epsilon must be in (0, 1), got {prune_epsilon}")
 
   log_fgate, ids = _global_segments(log_fgate, segment_ids, axis_name, n)
-  c = jnp.cumsum(log_fgate, axis=1) + _earlier_shards(jnp.sum(log_fgate, axis=1), axis_name)[:, None]
+  local = decay.cumsum(log_fgate, axis=1)
+  earlier = _earlier_shards_decay(decay.tree_map(lambda x: x[:, -1], local), axis_name)
+  c = decay.add(local, decay.tree_map(lambda x: x[:, None], earlier))
   threshold = None
   if prune_epsilon is not None:
     # constant in q and k (it only picks tiles); stopped first, as pmax has no derivative
@@ -94,11 +101,12 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
   sizes = (block_sizes or BlockSizes()).fitted(chunk_len)
   padded = padded_length(chunk_len, max(sizes.block_q, sizes.block_k))
   padded_parts = lambda parts, fill=0: [heads_major(part, padded, fill) for part in parts]
-  chunked = lambda x: padded_parts(layout.split(x))
+  chunked = lambda x, fill=0: padded_parts(layout.split(x), fill)
+  c_parts = [decay.TwoFloat(*parts) for parts in zip(chunked(c.hi, "edge"), chunked(c.lo, "edge"))]
   id_parts = layout.split(ids)  # moved once, padded two ways
   steps = context_steps(window, n * local_len, n)
   static = (axis_name, n, steps, float(sm_scale), sizes.block_q, sizes.block_k, window)
-  o = _ring(chunked(q), chunked(k), chunked(v), chunked(c), padded_parts(id_parts, _PAD_ROW_ID),
+  o = _ring(chunked(q), chunked(k), chunked(v), c_parts, padded_parts(id_parts, _PAD_ROW_ID),
             padded_parts(id_parts, _PAD_COL_ID), layout.offsets(chunk_len), threshold, static)
   return layout.merge([jnp.swapaxes(part[:, :, :chunk_len], 1, 2) for part in o])
 
@@ -108,6 +116,15 @@ def _earlier_shards(total, axis_name):
   everyone = lax.all_gather(total, axis_name)  # [N, ...]
   prefix = jnp.cumsum(everyone, axis=0) - everyone
   return lax.dynamic_index_in_dim(prefix, lax.axis_index(axis_name), keepdims=False)
+
+
+def _earlier_shards_decay(total, axis_name):
+  """``_earlier_shards`` of a two-float total (decay.TwoFloat [batch, heads]), summed exactly."""
+  everyone = decay.tree_map(lambda x: lax.all_gather(x, axis_name), total)  # [N, ...]
+  inclusive = decay.two_float_cumsum(everyone, axis=0)
+  d = lax.axis_index(axis_name)
+  before = lambda x: jnp.where(d > 0, lax.dynamic_index_in_dim(x, jnp.maximum(d - 1, 0), keepdims=False), 0.0)
+  return decay.tree_map(before, inclusive)
 
 
 def _global_segments(log_fgate, segment_ids, axis_name, n):
@@ -238,7 +255,7 @@ def _forward_ring(q, k, v, c, seg_q, seg_k, offsets, thr, static):
     return (o, lse), visiting
 
   o0 = [jnp.zeros(x.shape, jnp.float32) for x in q]
-  lse0 = [jnp.full(x.shape, -jnp.inf, jnp.float32) for x in c]
+  lse0 = [jnp.full(x.hi.shape, -jnp.inf, jnp.float32) for x in c]
   return _ring_scan(step, (o0, lse0), keys, static)
 
 
@@ -273,7 +290,7 @@ def _ring_bwd(static, residuals, do):
       for a, b in _pairs(q, visiting[0]):
         delta[a] = delta[a] + pair_row_term(*pair_args(a, b, visiting), do[a], lse[a], sm_scale, bq, bk, window)
       return delta, visiting
-    delta = _ring_scan(row_step, [jnp.zeros(x.shape, jnp.float32) for x in c], keys, static)
+    delta = _ring_scan(row_step, [jnp.zeros(x.hi.shape, jnp.float32) for x in c], keys, static)
   else:
     delta = [row_term.from_output(x, g) for x, g in zip(o, do)]
 
@@ -287,9 +304,11 @@ def _ring_bwd(static, residuals, do):
     return dq, visiting[:5] + (dk, dv, dc)
 
   zeros = lambda xs: [jnp.zeros(x.shape, jnp.float32) for x in xs]
-  dq, (dk, dv, dc) = _ring_scan(grad_step, zeros(q), keys + (zeros(k), zeros(v), zeros(c)), static,
+  dq, (dk, dv, dc) = _ring_scan(grad_step, zeros(q), keys + (zeros(k), zeros(v), zeros(seg_k)), static,
                                 home=lambda visiting: visiting[5:])
   cast = lambda xs, like, scale=1.0: [(x * scale).astype(y.dtype) for x, y in zip(xs, like)]
+  # c's low parts carry no derivative (decay.py)
+  dc = [decay.TwoFloat(x, jnp.zeros_like(x)) for x in dc]
   return (cast(dq, q, sm_scale), cast(dk, k, sm_scale), cast(dv, v), dc, None, None, None, None)
 
 

@@ -18,8 +18,11 @@ compare (and are the only ones pruning may skip); tiles that cross it are masked
 outside it are never loaded, and adds a third loop for the off-diagonal tiles it only partly
 covers, which compare positions against the band.
 Logits are kept in base-2 units (scaled by log2 e) so the exponentials are exp2, which Triton
-maps to the fast hardware instruction; the decay bias c_i - c_j is formed per tile from the
-float32 cumsum c, already scaled by log2 e. q, k, v and o stay in the caller's
+maps to the fast hardware instruction. c = cumsum(log f) arrives as decay.py's two float32
+parts (c = hi + lo, two [batch, heads, seq] vectors, natural units); each tile forms
+c_i - c_j from the parts and only then scales it by log2 e, so no large float32 number is
+ever subtracted or rounded (decay.py states the bound). The pruning threshold stays in natural
+units too, against the high parts. q, k, v and o stay in the caller's
 [batch, seq, heads, head_dim] layout (block specs pick one head per program); the per-position
 vectors (c, segment ids, lse, delta, dc) are [batch, heads, seq].
 
@@ -36,7 +39,7 @@ from jax.experimental import pallas as pl
 
 from .block_sizes import (BlockSizes, first_key_block_in_window, floor_div, heads_major, pad_seq,
                           padded_length, query_block_end_in_window, require_head_dim)
-from . import row_term
+from . import decay, row_term
 from .pruning import unless_skipped
 from .reference import tile_logits
 from .vjp import BackendKernels, differentiable
@@ -85,23 +88,29 @@ def _tile_logits2(q, k, c_q, c_k, seg_q, seg_k, q_start, k_start, scale2, causal
   """Base-2 logits of one tile, -inf where masked: (scale q.k + c_i - c_j) * log2 e.
 
   The formula and masks are the reference's ``tile_logits`` (plain jnp, which Triton lowers),
-  fed with scale and c already times log2 e. Only the dot product is this kernel's own (2-D
-  tiles, full float32 precision), and so are the exponentials that follow: exp2 against a
-  base-2 lse here, where the XLA backend uses exp against a natural-log lse. Only tiles that
+  fed with scale times log2 e and two-float c's, whose difference it scales by log2 e. Only
+  the dot product is this kernel's own (2-D tiles, full float32 precision), and so are the
+  exponentials that follow: exp2 against a base-2 lse here, where the XLA backend uses exp
+  against a natural-log lse. Only tiles that
   cross the diagonal (``causal``) or the window's edge (``window`` not None) compare positions;
   the others lie wholly inside the band.
   """
   return tile_logits(_dot(q, k.T), c_q, c_k, seg_q, seg_k, scale2, q_start, k_start, causal,
-                     window)
+                     window, bias_scale=LOG2_E)
 
 
-def _program_block(block, c_ref, seg_ref, thr_ref, prune):
+def _read_c(c_refs, rows):
+  """c of the positions ``rows`` from its two refs (high and low float32 parts)."""
+  return decay.TwoFloat(c_refs[0][rows], c_refs[1][rows])
+
+
+def _program_block(block, c_refs, seg_ref, thr_ref, prune):
   """What every kernel reads first: the start of this program's block (query block in the
   forward and dQ kernels, key block in dK/dV), the block's c and segment ids, and the skip
-  threshold of this (batch, head), base 2, or None when pruning is off."""
+  threshold of this (batch, head), or None when pruning is off."""
   start = pl.program_id(0) * block
   rows = pl.ds(start, block)
-  return start, c_ref[rows], seg_ref[rows], jnp.max(thr_ref[...]) if prune else None
+  return start, _read_c(c_refs, rows), seg_ref[rows], jnp.max(thr_ref[...]) if prune else None
 
 
 def _dscores(p, do, v, delta):
@@ -110,7 +119,7 @@ def _dscores(p, do, v, delta):
   return p * (_dot(do, v.T) - delta[:, None])
 
 
-def _block_loop(tile, c_ref, block, lo, hi, carry, *, causal, band=None, thr=None,
+def _block_loop(tile, c_refs, block, lo, hi, carry, *, causal, band=None, thr=None,
                 tile_gates=None):
   """``carry = tile(start, block slice, c of the block, causal, band, carry)`` over blocks
   [lo, hi) of the side that moves; ``band`` (None, or the window) says whether the tiles need
@@ -118,7 +127,7 @@ def _block_loop(tile, c_ref, block, lo, hi, carry, *, causal, band=None, thr=Non
   (c of its rows, c of its columns) and a tile that may be skipped is."""
   def body(i, carry):
     rows = pl.ds(i * block, block)
-    c_block = c_ref[rows]
+    c_block = _read_c(c_refs, rows)
     compute = lambda carry: tile(i * block, rows, c_block, causal, band, carry)
     if thr is None:
       return compute(carry)
@@ -126,7 +135,7 @@ def _block_loop(tile, c_ref, block, lo, hi, carry, *, causal, band=None, thr=Non
   return lax.fori_loop(lo, hi, body, carry)
 
 
-def _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window, carry):
+def _key_sweep(tile, c_refs, c_q, thr, q_start, bq, bk, window, carry):
   """The key blocks of one query block: [0, q_start // bk) lie wholly left of the diagonal (no
   causal mask, may be pruned); the rest, up to the block's last query, cross it (masked, never
   pruned: see pruning.py). A window starts the sweep at the first key block it reaches, and
@@ -139,16 +148,16 @@ def _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window, carry):
     first = first_key_block_in_window(q_start, bk, window)
     first_inside = jnp.minimum(floor_div(jnp.maximum(q_start + bq - window, 0) + bk - 1, bk),
                                first_crossing)
-    carry = _block_loop(tile, c_ref, bk, first, first_inside, carry, band=window, **left)
-  carry = _block_loop(tile, c_ref, bk, first_inside, first_crossing, carry, **left)
-  return _block_loop(tile, c_ref, bk, first_crossing, floor_div(q_start + bq + bk - 1, bk), carry,
+    carry = _block_loop(tile, c_refs, bk, first, first_inside, carry, band=window, **left)
+  carry = _block_loop(tile, c_refs, bk, first_inside, first_crossing, carry, **left)
+  return _block_loop(tile, c_refs, bk, first_crossing, floor_div(q_start + bq + bk - 1, bk), carry,
                      causal=True, band=window)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref, *, scale2, bq, bk, prune,
-                    window):
-  q = q_ref[...]
-  q_start, c_q, seg_q, thr = _program_block(bq, c_ref, seg_ref, thr_ref, prune)
+def _forward_kernel(q_ref, k_ref, v_ref, c_ref, clo_ref, seg_ref, thr_ref, o_ref, lse_ref, *, scale2, bq,
+                    bk, prune, window):
+  q, c_refs = q_ref[...], (c_ref, clo_ref)
+  q_start, c_q, seg_q, thr = _program_block(bq, c_refs, seg_ref, thr_ref, prune)
 
   def tile(k_start, keys, c_k, causal, band, carry):
     m, l, acc = carry
@@ -164,15 +173,15 @@ def _forward_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, o_ref, lse_ref
 
   init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
           jnp.zeros(q.shape, jnp.float32))
-  m, l, acc = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window, init)
+  m, l, acc = _key_sweep(tile, c_refs, c_q, thr, q_start, bq, bk, window, init)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log2(l)  # base 2; every real row has l >= 1
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref,
+def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, clo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref,
                 dk_ref, dv_ref, dc_ref, *, scale2, sm_scale, bq, bk, seq_len, prune, window):
-  k, v = k_ref[...], v_ref[...]
-  k_start, c_k, seg_k, thr = _program_block(bk, c_ref, seg_ref, thr_ref, prune)
+  k, v, c_refs = k_ref[...], v_ref[...], (c_ref, clo_ref)
+  k_start, c_k, seg_k, thr = _program_block(bk, c_refs, seg_ref, thr_ref, prune)
 
   def tile(q_start, rows, c_q, causal, band, carry):
     dk, dv, dc = carry
@@ -195,24 +204,25 @@ def _dkv_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, d
   first_below = floor_div(k_start + bk + bq - 1, bq)
   end = query_block_end_in_window(k_start, bk, bq, num_q_blocks, window)
   zeros = jnp.zeros(k.shape, jnp.float32)
-  carry = _block_loop(tile, c_ref, bq, floor_div(k_start, bq), first_below,
+  carry = _block_loop(tile, c_refs, bq, floor_div(k_start, bq), first_below,
                       (zeros, zeros, jnp.zeros((bk,), jnp.float32)), causal=True, band=window)
   below = dict(causal=False, thr=thr, tile_gates=lambda c_q: (c_q, c_k))
   if window is None:
-    dk, dv, dc = _block_loop(tile, c_ref, bq, first_below, end, carry, **below)
+    dk, dv, dc = _block_loop(tile, c_refs, bq, first_below, end, carry, **below)
   else:
     first_partial = jnp.maximum(jnp.minimum(floor_div(k_start + window, bq), end), first_below)
-    carry = _block_loop(tile, c_ref, bq, first_below, first_partial, carry, **below)
-    dk, dv, dc = _block_loop(tile, c_ref, bq, first_partial, end, carry, band=window, **below)
+    carry = _block_loop(tile, c_refs, bq, first_below, first_partial, carry, **below)
+    dk, dv, dc = _block_loop(tile, c_refs, bq, first_partial, end, carry, band=window, **below)
   dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
   dc_ref[...] = dc
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
-               scale2, sm_scale, bq, bk, prune, window):
+def _dq_kernel(q_ref, k_ref, v_ref, c_ref, clo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, dq_ref,
+               *, scale2, sm_scale, bq, bk, prune, window):
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-  q_start, c_q, seg_q, thr = _program_block(bq, c_ref, seg_ref, thr_ref, prune)
+  c_refs = (c_ref, clo_ref)
+  q_start, c_q, seg_q, thr = _program_block(bq, c_refs, seg_ref, thr_ref, prune)
 
   def tile(k_start, keys, c_k, causal, band, dq):
     k = k_ref[keys, :]
@@ -222,15 +232,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, de
     ds = _dscores(p, do, v_ref[keys, :], delta)
     return dq + _dot(ds.astype(k.dtype), k)
 
-  dq = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window, jnp.zeros(q.shape, jnp.float32))
+  dq = _key_sweep(tile, c_refs, c_q, thr, q_start, bq, bk, window, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
 
 
-def _row_term_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, *,
-                     scale2, bq, bk, prune, window):
+def _row_term_kernel(q_ref, k_ref, v_ref, c_ref, clo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref,
+                     *, scale2, bq, bk, prune, window):
   """delta_i = sum_j P_ij dP_ij over the dQ kernel's tiles (bf16/fp16 inputs; row_term.py)."""
-  q, do, lse = q_ref[...], do_ref[...], lse_ref[...]
-  q_start, c_q, seg_q, thr = _program_block(bq, c_ref, seg_ref, thr_ref, prune)
+  q, do, lse, c_refs = q_ref[...], do_ref[...], lse_ref[...], (c_ref, clo_ref)
+  q_start, c_q, seg_q, thr = _program_block(bq, c_refs, seg_ref, thr_ref, prune)
 
   def tile(k_start, keys, c_k, causal, band, delta):
     s = _tile_logits2(q, k_ref[keys, :], c_q, c_k, seg_q, seg_ref[keys], q_start, k_start, scale2,
@@ -238,7 +248,7 @@ def _row_term_kernel(q_ref, k_ref, v_ref, c_ref, seg_ref, thr_ref, do_ref, lse_r
     p = jnp.exp2(s - lse[:, None])
     return delta + jnp.sum(p * _dot(do, v_ref[keys, :].T), axis=-1)
 
-  delta_ref[...] = _key_sweep(tile, c_ref, c_q, thr, q_start, bq, bk, window,
+  delta_ref[...] = _key_sweep(tile, c_refs, c_q, thr, q_start, bq, bk, window,
                               jnp.zeros((bq,), jnp.float32))
 
 
@@ -259,7 +269,7 @@ def _vec_full(seq_len):  # [B, H, T] -> [T]
   return pl.BlockSpec((None, None, seq_len), lambda i, b, h: (b, h, 0))
 
 
-def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, interpret, prune, window):
+def _forward(q, k, v, c, seg, thr2, sm_scale, sizes, interpret, prune, window):
   batch, seq_len, heads, head_dim = q.shape
   bq, bk = sizes.block_q, sizes.block_k
   kernel = functools.partial(_forward_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk, prune=prune,
@@ -268,17 +278,17 @@ def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, interpret, prune, window):
       kernel,
       grid=(seq_len // bq, batch, heads),
       in_specs=[_seq_block(bq, head_dim), _seq_full(seq_len, head_dim), _seq_full(seq_len, head_dim),
-                _vec_full(seq_len), _vec_full(seq_len), _vec_full(THRESHOLD_WIDTH)],
+                _vec_full(seq_len), _vec_full(seq_len), _vec_full(seq_len), _vec_full(THRESHOLD_WIDTH)],
       out_specs=[_seq_block(bq, head_dim), _vec_block(bq)],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
       compiler_params=_compiler_params(head_dim, "fwd"),
       interpret=interpret,
       name="forgetting_attention_fwd",
-  )(q, k, v, c2, seg, thr2)
+  )(q, k, v, c.hi, c.lo, seg, thr2)
 
 
-def _row_term(q, k, v, c2, seg, thr2, do, lse2, sm_scale, sizes, interpret, prune, window):
+def _row_term(q, k, v, c, seg, thr2, do, lse2, sm_scale, sizes, interpret, prune, window):
   """delta [B, H, T] float32 recomputed from the tiles, with the dQ kernel's grid and tiles."""
   batch, seq_len, heads, head_dim = q.shape
   full, vec = _seq_full(seq_len, head_dim), _vec_full(seq_len)
@@ -287,17 +297,17 @@ def _row_term(q, k, v, c2, seg, thr2, do, lse2, sm_scale, sizes, interpret, prun
       functools.partial(_row_term_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk, prune=prune,
                         window=window),
       grid=(seq_len // bq, batch, heads),
-      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, _vec_full(THRESHOLD_WIDTH),
+      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, vec, _vec_full(THRESHOLD_WIDTH),
                 _seq_block(bq, head_dim), _vec_block(bq)],
       out_specs=_vec_block(bq),
       out_shape=jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32),
       compiler_params=_compiler_params(head_dim, "dq"),
       interpret=interpret,
       name="forgetting_attention_row_term",
-  )(q, k, v, c2, seg, thr2, do, lse2)
+  )(q, k, v, c.hi, c.lo, seg, thr2, do, lse2)
 
 
-def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret, prune, window):
+def _backward(q, k, v, c, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret, prune, window):
   batch, seq_len, heads, head_dim = q.shape
   full, vec, thr = _seq_full(seq_len, head_dim), _vec_full(seq_len), _vec_full(THRESHOLD_WIDTH)
   common = dict(scale2=sm_scale * LOG2_E, sm_scale=sm_scale, prune=prune, window=window)
@@ -306,32 +316,35 @@ def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, interpre
   dk, dv, dc = pl.pallas_call(
       functools.partial(_dkv_kernel, bq=bq, bk=bk, seq_len=seq_len, **common),
       grid=(seq_len // bk, batch, heads),
-      in_specs=[full, _seq_block(bk, head_dim), _seq_block(bk, head_dim), vec, vec, thr, full, vec, vec],
+      in_specs=[full, _seq_block(bk, head_dim), _seq_block(bk, head_dim), vec, vec, vec, thr, full, vec,
+                vec],
       out_specs=[_seq_block(bk, head_dim), _seq_block(bk, head_dim), _vec_block(bk)],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
                  jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
       compiler_params=_compiler_params(head_dim, "dkv"),
       interpret=interpret,
       name="forgetting_attention_dkv",
-  )(q, k, v, c2, seg, thr2, do, lse2, delta)
+  )(q, k, v, c.hi, c.lo, seg, thr2, do, lse2, delta)
 
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, bq=bq, bk=bk, **common),
       grid=(seq_len // bq, batch, heads),
-      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, thr, _seq_block(bq, head_dim),
+      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, vec, thr, _seq_block(bq, head_dim),
                 _vec_block(bq), _vec_block(bq)],
       out_specs=_seq_block(bq, head_dim),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       compiler_params=_compiler_params(head_dim, "dq"),
       interpret=interpret,
       name="forgetting_attention_dq",
-  )(q, k, v, c2, seg, thr2, do, lse2, delta)
+  )(q, k, v, c.hi, c.lo, seg, thr2, do, lse2, delta)
   return dq, dk, dv, dc
 
 
-def _scaled_cumsum(log_fgate):
-  return jnp.cumsum(log_fgate, axis=-1) * LOG2_E
+def _decay_cumsum(log_fgate):
+  """c of [B, H, T] log f: decay.py's two float32 parts, natural units (the tiles scale their
+  c_i - c_j by log2 e)."""
+  return decay.cumsum(log_fgate, axis=-1)
 
 
 def _row_term_from_output(o, do):
@@ -341,7 +354,7 @@ def _row_term_from_output(o, do):
 
 # static = (sm_scale, sizes, interpret, prune, window)
 _pallas = differentiable(BackendKernels(
-    cumsum=_scaled_cumsum, forward=_forward, row_term=_row_term,
+    cumsum=_decay_cumsum, forward=_forward, row_term=_row_term,
     row_term_from_output=_row_term_from_output, backward=_backward, seq_axis=2))
 
 
@@ -360,8 +373,9 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
   padded_len = padded_length(seq_len, sizes.largest)
   prune = prune_threshold is not None
-  # The threshold travels as a [B, H, 16] row (a power-of-two block); kernels read its max.
-  threshold = prune_threshold * LOG2_E if prune else jnp.zeros(q.shape[:1] + q.shape[2:3], jnp.float32)
+  # The threshold travels as a [B, H, 16] row (a power-of-two block); kernels read its max. It
+  # stays in natural units, as c does.
+  threshold = prune_threshold if prune else jnp.zeros(q.shape[:1] + q.shape[2:3], jnp.float32)
   thr2 = jnp.broadcast_to(threshold[..., None], threshold.shape + (THRESHOLD_WIDTH,))
   o = _pallas(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
               heads_major(log_fgate, padded_len), heads_major(segment_ids, padded_len), thr2,

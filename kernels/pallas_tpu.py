@@ -18,15 +18,16 @@ clamp the streamed block into the pruned range: pruned tiles are never copied fr
 their steps do nothing. Tiles that cross the diagonal or the window's edge are masked, the
 others compare segment ids only.
 
-Vectors indexed by position (c = cumsum log f, segment ids, lse, delta, dc) travel in the
-layout that the tile broadcasts them in, because Mosaic tiles the last two dims of a block by
-(8 sublanes, 128 lanes) and a relayout between rows and columns is a transpose: the outer
-side's vectors as lane-broadcast columns [B, H, T, 128] (read once per outer block), the inner
-side's as 8-sublane rows [B, H, 8, T] (read every step, so kept small). That is why the dK/dV
-kernel computes the transposed tile S^T [key, query]: its streamed side is the queries, whose
-four vectors then come as rows, and dc comes out as a column. It also fixes the block sizes:
-the streamed (inner) block is a lane dimension, a multiple of 128; the outer one a sublane
-dimension, a multiple of 8 (16 for 16-bit inputs, which pack two rows per sublane).
+Vectors indexed by position (c = cumsum log f as decay.py's two float32 parts, segment ids,
+lse, delta, dc) travel in the layout that the tile broadcasts them in, because Mosaic tiles the
+last two dims of a block by (8 sublanes, 128 lanes) and a relayout between rows and columns is
+a transpose: the outer side's vectors as lane-broadcast columns [B, H, T, 128] (read once per
+outer block), the inner side's as 8-sublane rows [B, H, 8, T] (read every step, so kept
+small). That is why the dK/dV kernel computes the transposed tile S^T [key, query]: its
+streamed side is the queries, whose five vectors then come as rows, and dc comes out as a
+column. It also fixes the block sizes: the streamed (inner) block is a lane dimension, a
+multiple of 128; the outer one a sublane dimension, a multiple of 8 (16 for 16-bit inputs,
+which pack two rows per sublane).
 
 q, k, v move to [B, H, T, D] so that a block's last two dims are (sequence, head_dim). Logits
 use natural exp (the EUP's), unlike the GPU kernel's exp2. On CPU the kernels run in Pallas'
@@ -46,7 +47,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from . import row_term
+from . import decay, row_term
 from .vjp import BackendKernels, differentiable
 from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, padded_length,
                           query_block_end_in_window, require_head_dim)
@@ -69,10 +70,10 @@ def on_tpu():
 def vmem_bytes(outer, inner, head_dim, dtype):
   """Estimated VMEM of the hungriest kernel at square-ish tiles: outer and streamed blocks
   double-buffered (at most 4 [outer, D] blocks: dK/dV's k, v, dk, dv; 2 streamed [inner, D];
-  4 column and 4 row vectors), float32 scratch (2 [outer, D] and a column) and 4 float32
+  5 column and 5 row vectors: c's two parts, ids, lse, delta), float32 scratch (2 [outer, D] and a column) and 4 float32
   [outer, inner] tile temporaries (s, p, dp, ds)."""
   item = jnp.dtype(dtype).itemsize
-  blocks = (4 * outer + 2 * inner) * head_dim * item + 4 * (outer * LANES + SUBLANES * inner) * 4
+  blocks = (4 * outer + 2 * inner) * head_dim * item + 5 * (outer * LANES + SUBLANES * inner) * 4
   scratch = (2 * outer * head_dim + outer * LANES) * 4
   return 2 * blocks + scratch + 4 * outer * inner * 4
 
@@ -102,7 +103,9 @@ def tpu_block_sizes(block_sizes, seq_len, dtype, head_dim):
 # ------------------------------------------------------------------------------ visit ranges
 
 def _block_gaps(c, block_rows, block_cols):
-  """max_I c - min_J c per (query block I, key block J): [B, H, nq, nk], for c [B, H, T]."""
+  """max_I c - min_J c per (query block I, key block J): [B, H, nq, nk], for c [B, H, T] (the
+  high part of a two-float c: a bound needs no more)."""
+  c = decay.coarse(c)
   batch, heads, seq_len = c.shape
   c_max = c.reshape(batch, heads, seq_len // block_rows, block_rows).max(axis=-1)
   c_min = c.reshape(batch, heads, seq_len // block_cols, block_cols).min(axis=-1)
@@ -130,7 +133,7 @@ def key_ranges(c, threshold, bq, bk, window):
   non-increasing, so those tiles are leading; only a run of them is skipped, so a tile that
   fails the rule is computed whatever c holds. The diagonal tile never passes it.
   """
-  batch, heads, seq_len = c.shape
+  batch, heads, seq_len = decay.coarse(c).shape
   q_start = np.arange(seq_len // bq) * bq
   hi = (q_start + bq + bk - 1) // bk
   with jax.ensure_compile_time_eval():
@@ -150,7 +153,7 @@ def query_ranges(c, threshold, bq, bk, window):
   the same before pruning, numpy [nk] each. lo holds the key block's first column (causal);
   hi ends at the last query block the window reaches, then moves left past the trailing
   tiles pruning may skip."""
-  batch, heads, seq_len = c.shape
+  batch, heads, seq_len = decay.coarse(c).shape
   num_q_blocks = seq_len // bq
   k_start = np.arange(seq_len // bk) * bk
   lo = k_start // bq
@@ -179,16 +182,17 @@ NN, NT = (1, 0), (1, 1)  # a @ b, a @ b.T
 
 
 def tile_logits_2d(qk, c_q, c_k, seg_q, seg_k, q_pos, k_pos, scale, causal, window):
-  """``reference.tile_logits`` in Mosaic's 2-D form: scale * qk + c_i - c_j, -inf across
+  """``reference.tile_logits`` in Mosaic's 2-D form: scale * qk + (c_i - c_j), -inf across
   segments, where j > i (``causal``) and where i - j >= ``window`` (not None).
 
   Every operand is already 2-D and broadcasts against the tile qk: the query-side ones
   (c_q, seg_q, q_pos) along the tile's query axis, as a column [rows, 1] in the forward and dQ
   kernels and as a row [1, cols] in the transposed dK/dV tile, and the key-side ones along the
   other axis (Mosaic has neither 1-D iotas nor cheap row/column relayouts). The tests check it
-  against the reference's ``tile_logits`` in both orientations.
+  against the reference's ``tile_logits`` in both orientations. c_q, c_k: two-float
+  (decay.TwoFloat of such operands) or plain float32; the decay comes from their parts.
   """
-  s = qk * scale + (c_q - c_k)  # c_i - c_j first: exact where c is large and the two close
+  s = qk * scale + decay.difference(c_q, c_k)
   mask = seg_q == seg_k
   distance = q_pos - k_pos
   if causal:
@@ -261,10 +265,19 @@ def _sweep_step(schedule_ref, lo_ref, hi_ref, *, heads, num_outer, per_head, out
 
 # -------------------------------------------------------------------------------- kernels
 # Ref names: *_col are [block, 128] lane-broadcast columns, *_row are [8, block] rows (read
-# [:, :1] and [:1, :]); the tile axes are (query, key) except in dK/dV, (key, query).
+# [:, :1] and [:1, :]); the tile axes are (query, key) except in dK/dV, (key, query). c comes
+# as two refs (c_cols, c_rows: its high and low parts, decay.py).
 
-def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row,
-                    sk_row, o_ref, lse_col, m_sc, l_sc, acc_sc, *, scale, sweep):
+def _col(refs):
+  return decay.TwoFloat(refs[0][:, :1], refs[1][:, :1])
+
+
+def _row(refs):
+  return decay.TwoFloat(refs[0][:1, :], refs[1][:1, :])
+
+
+def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, cql_col, sq_col,
+                    ck_row, ckl_row, sk_row, o_ref, lse_col, m_sc, l_sc, acc_sc, *, scale, sweep):
   bq, bk = q_ref.shape[0], k_ref.shape[0]
 
   def init():
@@ -273,9 +286,10 @@ def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, s
     acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
   def tile(q_start, k_start, causal, window):
-    s = tile_logits_2d(_matmul(q_ref[...], k_ref[...], NT), cq_col[:, :1], ck_row[:1, :],
-                       sq_col[:, :1], sk_row[:1, :], _positions(q_start, (bq, 1), 0),
-                       _positions(k_start, (1, bk), 1), scale, causal, window)
+    s = tile_logits_2d(_matmul(q_ref[...], k_ref[...], NT), _col((cq_col, cql_col)),
+                       _row((ck_row, ckl_row)), sq_col[:, :1], sk_row[:1, :],
+                       _positions(q_start, (bq, 1), 0), _positions(k_start, (1, bk), 1), scale,
+                       causal, window)
     m_prev = m_sc[...]  # [bq, 128], every lane alike
     m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows fully masked so far stay at zero
@@ -294,26 +308,26 @@ def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, s
   _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
 
-def _query_tile(q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row, do_ref, lse_col, q_start,
+def _query_tile(q_ref, k_ref, v_ref, cq_cols, sq_col, ck_rows, sk_row, do_ref, lse_col, q_start,
                 k_start, causal, window, scale):
   """P and dP = dO V^T of one [query, key] tile (row term and dQ kernels)."""
   bq, bk = q_ref.shape[0], k_ref.shape[0]
-  s = tile_logits_2d(_matmul(q_ref[...], k_ref[...], NT), cq_col[:, :1], ck_row[:1, :],
+  s = tile_logits_2d(_matmul(q_ref[...], k_ref[...], NT), _col(cq_cols), _row(ck_rows),
                      sq_col[:, :1], sk_row[:1, :], _positions(q_start, (bq, 1), 0),
                      _positions(k_start, (1, bk), 1), scale, causal, window)
   p = jnp.exp(s - lse_col[:, :1])
   return p, _matmul(do_ref[...], v_ref[...], NT)
 
 
-def _row_term_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row,
-                     sk_row, do_ref, lse_col, delta_col, delta_sc, *, scale, sweep):
+def _row_term_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, cql_col, sq_col,
+                     ck_row, ckl_row, sk_row, do_ref, lse_col, delta_col, delta_sc, *, scale, sweep):
   """delta_i = sum_j P_ij dP_ij over the dQ kernel's tiles (bf16/fp16 inputs; row_term.py)."""
   def init():
     delta_sc[...] = jnp.zeros(delta_sc.shape, jnp.float32)
 
   def tile(q_start, k_start, causal, window):
-    p, dp = _query_tile(q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row, do_ref, lse_col,
-                        q_start, k_start, causal, window, scale)
+    p, dp = _query_tile(q_ref, k_ref, v_ref, (cq_col, cql_col), sq_col, (ck_row, ckl_row), sk_row,
+                        do_ref, lse_col, q_start, k_start, causal, window, scale)
     delta_sc[...] += jnp.sum(p * dp, axis=1, keepdims=True)
 
   def finish():
@@ -322,14 +336,14 @@ def _row_term_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, 
   _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
 
-def _dq_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row,
-               do_ref, lse_col, delta_col, dq_ref, dq_sc, *, scale, sweep):
+def _dq_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, cql_col, sq_col, ck_row,
+               ckl_row, sk_row, do_ref, lse_col, delta_col, dq_ref, dq_sc, *, scale, sweep):
   def init():
     dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
 
   def tile(q_start, k_start, causal, window):
-    p, dp = _query_tile(q_ref, k_ref, v_ref, cq_col, sq_col, ck_row, sk_row, do_ref, lse_col,
-                        q_start, k_start, causal, window, scale)
+    p, dp = _query_tile(q_ref, k_ref, v_ref, (cq_col, cql_col), sq_col, (ck_row, ckl_row), sk_row,
+                        do_ref, lse_col, q_start, k_start, causal, window, scale)
     ds = p * (dp - delta_col[:, :1])
     k = k_ref[...]
     dq_sc[...] += _matmul(ds.astype(k.dtype), k, NN)
@@ -340,9 +354,9 @@ def _dq_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, sq_col
   _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
 
-def _dkv_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, sq_row, ck_col, sk_col,
-                do_ref, lse_row, delta_row, dk_ref, dv_ref, dc_col, dk_sc, dv_sc, dc_sc, *, scale,
-                sweep):
+def _dkv_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, cql_row, sq_row, ck_col,
+                ckl_col, sk_col, do_ref, lse_row, delta_row, dk_ref, dv_ref, dc_col, dk_sc, dv_sc,
+                dc_sc, *, scale, sweep):
   """dK, dV and dc_j = -sum_i dS_ij of one key block, on transposed tiles S^T [key, query]."""
   bq, bk = q_ref.shape[0], k_ref.shape[0]
 
@@ -352,7 +366,7 @@ def _dkv_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, sq_ro
 
   def tile(q_start, k_start, causal, window):
     q, do = q_ref[...], do_ref[...]
-    s_t = tile_logits_2d(_matmul(k_ref[...], q, NT), cq_row[:1, :], ck_col[:, :1],
+    s_t = tile_logits_2d(_matmul(k_ref[...], q, NT), _row((cq_row, cql_row)), _col((ck_col, ckl_col)),
                          sq_row[:1, :], sk_col[:, :1], _positions(q_start, (1, bq), 1),
                          _positions(k_start, (bk, 1), 0), scale, causal, window)
     p_t = jnp.exp(s_t - lse_row[:1, :])
@@ -372,13 +386,16 @@ def _dkv_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, sq_ro
 # ------------------------------------------------------------------------------ pallas_calls
 
 def columns(x):
-  """[B, H, T] -> [B, H, T, 128]: the lane-broadcast layout of an outer side's vector."""
-  return jnp.broadcast_to(x[..., None], x.shape + (LANES,))
+  """[B, H, T] -> [B, H, T, 128]: the lane-broadcast layout of an outer side's vector (of each
+  part of a two-float c)."""
+  return decay.tree_map(lambda x: jnp.broadcast_to(x[..., None], x.shape + (LANES,)), x)
 
 
 def rows(x):
-  """[B, H, T] -> [B, H, 8, T]: the sublane-broadcast layout of a streamed side's vector."""
-  return jnp.broadcast_to(x[..., None, :], x.shape[:2] + (SUBLANES,) + x.shape[2:])
+  """[B, H, T] -> [B, H, 8, T]: the sublane-broadcast layout of a streamed side's vector (of
+  each part of a two-float c)."""
+  return decay.tree_map(
+      lambda x: jnp.broadcast_to(x[..., None, :], x.shape[:2] + (SUBLANES,) + x.shape[2:]), x)
 
 
 def _interpret_mode(interpret):
@@ -454,20 +471,20 @@ def _forward(q, k, v, c, seg, threshold, sm_scale, sizes, interpret, window):
                  threshold is not None)
   o, lse = sweep.call(
       _forward_kernel,
-      [sweep.outer(), sweep.inner_seq(), sweep.inner_seq(), sweep.outer(LANES),
-       sweep.outer(LANES), sweep.inner_row(), sweep.inner_row()],
+      [sweep.outer(), sweep.inner_seq(), sweep.inner_seq()] + [sweep.outer(LANES)] * 3
+      + [sweep.inner_row()] * 3,
       [sweep.outer(), sweep.outer(LANES)],
       [jax.ShapeDtypeStruct(q.shape, q.dtype), _f32((batch, heads, seq_len, LANES))],
       [(bq, LANES), (bq, LANES), (bq, head_dim)], interpret, "forgetting_attention_tpu_fwd",
-      q, k, v, columns(c), columns(seg), rows(c), rows(seg), scale=sm_scale)
+      q, k, v, *columns(c), columns(seg), *rows(c), rows(seg), scale=sm_scale)
   return o, lse[..., 0]
 
 
 def _query_sweep_inputs(sweep):
   """Specs of q, k, v, c/seg (columns, rows), dO, lse and delta for the row term and dQ."""
-  col = sweep.outer(LANES)
-  return [sweep.outer(), sweep.inner_seq(), sweep.inner_seq(), col, col, sweep.inner_row(),
-          sweep.inner_row(), sweep.outer(), col, col]
+  col, row = sweep.outer(LANES), sweep.inner_row()
+  return [sweep.outer(), sweep.inner_seq(), sweep.inner_seq(), col, col, col, row, row, row,
+          sweep.outer(), col, col]
 
 
 def _row_term(q, k, v, c, seg, threshold, do, lse, sm_scale, sizes, interpret, window):
@@ -480,7 +497,7 @@ def _row_term(q, k, v, c, seg, threshold, do, lse, sm_scale, sizes, interpret, w
       _row_term_kernel, _query_sweep_inputs(sweep)[:-1], sweep.outer(LANES),
       _f32((batch, heads, seq_len, LANES)), [(bq, LANES)], interpret,
       "forgetting_attention_tpu_row_term",
-      q, k, v, columns(c), columns(seg), rows(c), rows(seg), do, columns(lse), scale=sm_scale)
+      q, k, v, *columns(c), columns(seg), *rows(c), rows(seg), do, columns(lse), scale=sm_scale)
   return delta[..., 0]
 
 
@@ -494,13 +511,13 @@ def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, inter
   col, row = sweep.outer(LANES), sweep.inner_row()
   dk, dv, dc = sweep.call(
       _dkv_kernel,
-      [sweep.inner_seq(), sweep.outer(), sweep.outer(), row, row, col, col, sweep.inner_seq(),
-       row, row],
+      [sweep.inner_seq(), sweep.outer(), sweep.outer(), row, row, row, col, col, col,
+       sweep.inner_seq(), row, row],
       [sweep.outer(), sweep.outer(), col],
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
        _f32((batch, heads, seq_len, LANES))],
       [(bk, head_dim), (bk, head_dim), (bk, LANES)], interpret, "forgetting_attention_tpu_dkv",
-      q, k, v, rows(c), rows(seg), columns(c), columns(seg), do, rows(lse), rows(delta),
+      q, k, v, *rows(c), rows(seg), *columns(c), columns(seg), do, rows(lse), rows(delta),
       scale=sm_scale)
 
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
@@ -509,14 +526,14 @@ def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, inter
   dq = sweep.call(
       _dq_kernel, _query_sweep_inputs(sweep), sweep.outer(), jax.ShapeDtypeStruct(q.shape, q.dtype),
       [(bq, head_dim)], interpret, "forgetting_attention_tpu_dq",
-      q, k, v, columns(c), columns(seg), rows(c), rows(seg), do, columns(lse), columns(delta),
+      q, k, v, *columns(c), columns(seg), *rows(c), rows(seg), do, columns(lse), columns(delta),
       scale=sm_scale)
   return dq, dk, dv, dc[..., 0]
 
 
 # static = (sm_scale, sizes, interpret, window); the custom_vjp is the one in vjp.py
 _attention = differentiable(BackendKernels(
-    cumsum=lambda log_fgate: jnp.cumsum(log_fgate, axis=-1), forward=_forward, row_term=_row_term,
+    cumsum=lambda log_fgate: decay.cumsum(log_fgate, axis=-1), forward=_forward, row_term=_row_term,
     row_term_from_output=row_term.from_output, backward=_backward, seq_axis=2))
 
 

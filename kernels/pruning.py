@@ -24,6 +24,8 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from . import decay
+
 DEFAULT_EPSILON = math.exp(-10)
 
 
@@ -71,6 +73,9 @@ def unless_skipped(threshold, c_rows, c_cols, compute, carry):
   """
   if threshold is None:
     return compute(carry)
+  # the high parts of a two-float c (decay.py) suffice for a bound: half an ulp of c moves the
+  # skipped weight by a factor e^(ulp), not its order
+  c_rows, c_cols = decay.coarse(c_rows), decay.coarse(c_cols)
   skip = jnp.max(c_rows, axis=-1) - jnp.min(c_cols, axis=-1) < threshold
   if skip.ndim:
     skip = jnp.all(skip)

@@ -13,10 +13,12 @@ Gradients come from JAX autodiff, so this backend is also the reference for the 
 import jax
 import jax.numpy as jnp
 
+from . import decay
+
 
 def tile_logits(qk, c_q, c_k, seg_q, seg_k, scale, q_start=0, k_start=0, causal=True,
-                window=None):
-  """Logits s_ij = scale * qk_ij + c_i - c_j of a tile of rows i and columns j, -inf where
+                window=None, bias_scale=1.0):
+  """Logits s_ij = scale * qk_ij + (c_i - c_j) * bias_scale of a tile of rows i and columns j, -inf where
   j > i, where i and j lie in different segments, or (with a ``window``) where i - j >= window.
 
   Every backend forms its logits here; only the dot product qk_ij = q_i.k_j (float32,
@@ -24,10 +26,16 @@ def tile_logits(qk, c_q, c_k, seg_q, seg_k, scale, q_start=0, k_start=0, causal=
   [..., rows]; c_k, seg_k: [..., cols]; q_start, k_start: the positions of the first row and
   column. ``causal=False`` skips the causal compare, for a caller that knows every column of
   the tile precedes every row; ``window=None`` skips the band compare, for a caller that knows
-  every column lies within the window of every row (or wants no window). The units follow the
-  inputs: the Pallas kernel passes scale and c times log2(e) and gets base-2 logits.
+  every column lies within the window of every row (or wants no window). c_q, c_k are
+  ``decay.TwoFloat`` pairs (or plain float32 arrays), and c_i - c_j is formed from their parts
+  (``decay.difference``: never a difference of two large float32 numbers). The Pallas kernel
+  passes scale and ``bias_scale`` times log2(e) and gets base-2 logits; the decay is scaled only
+  after the subtraction, where it is small.
   """
-  s = qk * scale + c_q[..., :, None] - c_k[..., None, :]
+  row = lambda x: x[..., :, None]
+  col = lambda x: x[..., None, :]
+  bias = decay.difference(decay.tree_map(row, c_q), decay.tree_map(col, c_k))
+  s = qk * scale + (bias if bias_scale == 1.0 else bias * bias_scale)
   mask = seg_q[..., :, None] == seg_k[..., None, :]
   if causal or window is not None:
     q_pos = q_start + jnp.arange(qk.shape[-2])
@@ -43,10 +51,12 @@ def tile_logits(qk, c_q, c_k, seg_q, seg_k, scale, q_start=0, k_start=0, causal=
 def attention_logits(q, k, c, segment_ids, sm_scale, window=None):
   """Masked logits of the whole sequence as one tile, [batch, heads, seq, seq], float32.
 
-  c, segment_ids: [batch, seq, heads]; window: None or the band width (see ``tile_logits``).
+  c (a ``decay.TwoFloat`` or a float32 array), segment_ids: [batch, seq, heads]; window: None
+  or the band width (see ``tile_logits``).
   """
   qk = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-  c, seg = jnp.swapaxes(c, 1, 2), jnp.swapaxes(segment_ids, 1, 2)  # [batch, heads, seq]
+  to_heads = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, heads, seq]
+  c, seg = decay.tree_map(to_heads, c), to_heads(segment_ids)
   return tile_logits(qk, c, c, seg, seg, sm_scale, window=window)
 
 
@@ -57,7 +67,7 @@ def reference_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=N
   ``window``: None, or keys j with i - window < j <= i only (masked, not skipped: O(T^2) anyway).
   """
   del block_sizes, interpret  # the reference has no tiling
-  c = jnp.cumsum(log_fgate.astype(jnp.float32), axis=1)
+  c = decay.cumsum(log_fgate, axis=1)  # two float32 parts: see decay.py
   s = attention_logits(q, k, c, segment_ids, sm_scale, window)
   p = jax.nn.softmax(s, axis=-1)
   o = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32))

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from .vjp import BackendKernels, differentiable
 from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
-from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, _row_term_from_output, _scaled_cumsum, on_gpu
+from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, _decay_cumsum, _row_term_from_output, on_gpu
 
 INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
                 "pip install 'lpcjax[triton]' on Python >= 3.12 (jax-triton 0.4 needs "
@@ -89,29 +89,29 @@ def _vector(q):
   return jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32)
 
 
-def _forward(q, k, v, c2, seg, thr2, sm_scale, sizes, prune, window):
+def _forward(q, k, v, c, seg, thr, sm_scale, sizes, prune, window):
   """o [B, T, H, D] and lse2 [B, H, T] of padded inputs."""
   batch, seq_len, heads, head_dim = q.shape
   bq, bk = sizes.block_q, sizes.block_k
-  o, lse2 = _launch("forward_kernel", (seq_len // bq, batch, heads), (q, k, v, c2, seg, thr2),
+  o, lse2 = _launch("forward_kernel", (seq_len // bq, batch, heads), (q, k, v, *c, seg, thr),
                     (jax.ShapeDtypeStruct(q.shape, q.dtype), _vector(q)), head_dim,
                     BLOCK_Q=bq, BLOCK_K=bk, **kernel_constexprs(q, sm_scale, prune, window))
   return o, lse2
 
 
-def _row_term(q, k, v, c2, seg, thr2, do, lse2, sm_scale, sizes, prune, window):
+def _row_term(q, k, v, c, seg, thr, do, lse2, sm_scale, sizes, prune, window):
   """delta [B, H, T] recomputed from the tiles (bf16/fp16, row_term.py), on dQ's grid."""
   batch, seq_len, heads, head_dim = q.shape
   return _launch("row_term_kernel", (seq_len // sizes.block_q_dq, batch, heads),
-                 (q, k, v, c2, seg, thr2, do, lse2), _vector(q), head_dim, BLOCK_Q=sizes.block_q_dq,
+                 (q, k, v, *c, seg, thr, do, lse2), _vector(q), head_dim, BLOCK_Q=sizes.block_q_dq,
                  BLOCK_K=sizes.block_k_dq, **kernel_constexprs(q, sm_scale, prune, window))
 
 
-def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, prune, window):
+def _backward(q, k, v, c, seg, thr, do, lse2, delta, sm_scale, sizes, prune, window):
   """dq, dk, dv and dc [B, H, T]."""
   batch, seq_len, heads, head_dim = q.shape
   common = kernel_constexprs(q, sm_scale, prune, window)
-  inputs = (q, k, v, c2, seg, thr2, do, lse2, delta)
+  inputs = (q, k, v, *c, seg, thr, do, lse2, delta)
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
   dq = _launch("dq_kernel", (seq_len // bq, batch, heads), inputs,
                jax.ShapeDtypeStruct(q.shape, q.dtype), head_dim, BLOCK_Q=bq, BLOCK_K=bk,
@@ -126,7 +126,7 @@ def _backward(q, k, v, c2, seg, thr2, do, lse2, delta, sm_scale, sizes, prune, w
 
 # static = (sm_scale, sizes, prune, window); the custom_vjp is the one in vjp.py
 _attention = differentiable(BackendKernels(
-    cumsum=_scaled_cumsum, forward=_forward, row_term=_row_term,
+    cumsum=_decay_cumsum, forward=_forward, row_term=_row_term,
     row_term_from_output=_row_term_from_output, backward=_backward, seq_axis=2))
 
 
@@ -152,10 +152,10 @@ def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
   padded_len = padded_length(seq_len, sizes.largest)
   prune = prune_threshold is not None
-  thr2 = (prune_threshold * LOG2_E if prune else jnp.zeros(q.shape[:1] + q.shape[2:3]))
+  thr = (prune_threshold if prune else jnp.zeros(q.shape[:1] + q.shape[2:3]))  # natural units, as c
   o = _attention(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
                  heads_major(log_fgate, padded_len).astype(jnp.float32),
                  heads_major(segment_ids, padded_len).astype(jnp.int32),
-                 thr2.astype(jnp.float32), (float(sm_scale), sizes, prune, window))
+                 thr.astype(jnp.float32), (float(sm_scale), sizes, prune, window))
   return o[:, :seq_len]
 

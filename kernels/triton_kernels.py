@@ -13,16 +13,19 @@ lowering. Four kernels, each one program per (block, batch, head):
   dQ kernel's tiles, in float32 (row_term.py says why it is not read off the output).
 
 Layouts: q, k, v, o, dO, dq, dk, dv are [batch, seq, heads, head_dim] (the caller's), seq
-already padded to a multiple of every block size; the per-position vectors c2, seg, lse2,
-delta, dc are [batch, heads, seq]; thr2 is [batch, heads]. c2 = cumsum(log f) * log2(e) and
-thr2 = pruning threshold * log2(e) arrive in base 2, so every exponential is exp2.
+already padded to a multiple of every block size; the per-position vectors c, clo, seg, lse2,
+delta, dc are [batch, heads, seq]; thr is [batch, heads]. c = cumsum(log f) arrives as the two
+float32 parts of decay.py (C the high, CLO the low part, natural units), the pruning threshold
+thr in natural units too; the logits are base 2 (scale2 = scale * log2 e), so every
+exponential is exp2.
 
-Per tile: logits = scale2 * q.k + (c_i - c_j), the difference formed in float32 on the tile,
+Per tile: logits = scale2 * q.k + ((c_i - c_j) + (clo_i - clo_j)) * log2 e, the decay formed
+from the two parts before it is scaled (never a difference of two large float32 numbers),
 -inf across segments, right of the diagonal (only tiles that cross it compare positions) and,
 with a window w > 0, where i - j >= w (only tiles the band's edge crosses). Each sweep runs as
 up to three loops (band edge / inside / diagonal); tiles wholly outside the band are never
 loaded. Pruning (kernels/pruning.py, the same bound) skips the off-diagonal tiles with
-max c_rows - min c_cols < thr2. Because log f <= 0, c never increases along the sequence, so the
+max c_rows - min c_cols < thr (high parts). Because log f <= 0, c never increases along the sequence, so the
 tiles a sweep may skip are the ones farthest from the diagonal: a prefix of a query block's key
 blocks, a suffix of a key block's query blocks. The kernels therefore move the sweep's bound
 (a scalar pass over the blocks' c reads one [block] vector each) instead of branching in the
@@ -49,11 +52,12 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _logits(qk, c_q, c_k, seg_q, seg_k, pos_q, pos_k, scale2, CAUSAL: tl.constexpr,
+def _logits(qk, c_q, c_k, clo_q, clo_k, seg_q, seg_k, pos_q, pos_k, scale2, CAUSAL: tl.constexpr,
             WINDOW: tl.constexpr):
   """Masked base-2 logits of a tile; the row/column operands are already expanded to broadcast
-  against qk (so one helper serves [rows, cols] tiles and the dK/dV kernel's [cols, rows])."""
-  s = qk * scale2 + (c_q - c_k)
+  against qk (so one helper serves [rows, cols] tiles and the dK/dV kernel's [cols, rows]).
+  The decay comes from the two parts of c first, in natural units, then times log2 e."""
+  s = qk * scale2 + ((c_q - c_k) + (clo_q - clo_k)) * 1.4426950408889634
   keep = seg_q == seg_k
   if CAUSAL:
     keep = keep & (pos_q >= pos_k)
@@ -136,12 +140,13 @@ def _rows(start, BLOCK: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexp
 # ----------------------------------------------------------------------------------- forward
 
 @triton.jit
-def _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, k_start, scale2,
+def _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, k_start, scale2,
                   BLOCK_K: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                   CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr):
   pos_k = k_start + tl.arange(0, BLOCK_K)
   k = tl.load(K + _rows(k_start, BLOCK_K, HEADS, HEAD_DIM))
-  s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(C + pos_k)[None, :], seg_q[:, None],
+  s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(C + pos_k)[None, :],
+              clo_q[:, None], tl.load(CLO + pos_k)[None, :], seg_q[:, None],
               tl.load(SEG + pos_k)[None, :], pos_q[:, None], pos_k[None, :], scale2, CAUSAL, WINDOW)
   m_new = tl.maximum(m, tl.max(s, 1))
   m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows fully masked so far stay at zero
@@ -153,17 +158,19 @@ def _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, k_start, scale2
 
 
 @triton.jit
-def forward_kernel(Q, K, V, C, SEG, THR, O, LSE, scale2: tl.constexpr, SEQ_LEN: tl.constexpr,
+def forward_kernel(Q, K, V, C, CLO, SEG, THR, O, LSE, scale2: tl.constexpr, SEQ_LEN: tl.constexpr,
                    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                    BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
                    IEEE: tl.constexpr):
   """o [B, T, H, D] (q.dtype) and lse2 [B, H, T] (float32, base 2) of one query block."""
   seq, vec, thr = _program(THR, SEQ_LEN, HEADS, HEAD_DIM)
-  Q, K, V, O, C, SEG, LSE = Q + seq, K + seq, V + seq, O + seq, C + vec, SEG + vec, LSE + vec
+  Q, K, V, O, SEG, LSE = Q + seq, K + seq, V + seq, O + seq, SEG + vec, LSE + vec
+  C, CLO = C + vec, CLO + vec
   q_start = tl.program_id(0) * BLOCK_Q
   pos_q = q_start + tl.arange(0, BLOCK_Q)
   tile = _rows(q_start, BLOCK_Q, HEADS, HEAD_DIM)
   q, c_q, seg_q = tl.load(Q + tile), tl.load(C + pos_q), tl.load(SEG + pos_q)
+  clo_q = tl.load(CLO + pos_q)
   acc = tl.zeros((BLOCK_Q, HEAD_DIM), tl.float32)
   m = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
   l = tl.zeros((BLOCK_Q,), tl.float32)
@@ -172,13 +179,16 @@ def forward_kernel(Q, K, V, C, SEG, THR, O, LSE, scale2: tl.constexpr, SEQ_LEN: 
     first = _first_kept_key_block(C, tl.max(c_q, 0), thr, first, crossing, BLOCK_K)
     inside = tl.maximum(inside, first)
   for kb in range(first, inside):
-    acc, m, l = _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, kb * BLOCK_K, scale2,
+    acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, kb * BLOCK_K,
+                              scale2,
                               BLOCK_K, HEADS, HEAD_DIM, False, WINDOW, IEEE)
   for kb in range(inside, crossing):
-    acc, m, l = _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, kb * BLOCK_K, scale2,
+    acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, kb * BLOCK_K,
+                              scale2,
                               BLOCK_K, HEADS, HEAD_DIM, False, 0, IEEE)
   for kb in range(crossing, end):  # the diagonal: never pruned (see pruning.py)
-    acc, m, l = _forward_tile(acc, m, l, q, c_q, seg_q, pos_q, K, V, C, SEG, kb * BLOCK_K, scale2,
+    acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, kb * BLOCK_K,
+                              scale2,
                               BLOCK_K, HEADS, HEAD_DIM, True, WINDOW, IEEE)
   tl.store(O + tile, (acc / l[:, None]).to(O.dtype.element_ty))
   tl.store(LSE + pos_q, m + tl.log2(l))  # every row sees at least its own key: l >= 1
@@ -187,7 +197,7 @@ def forward_kernel(Q, K, V, C, SEG, THR, O, LSE, scale2: tl.constexpr, SEQ_LEN: 
 # ---------------------------------------------------------------------------------- backward
 
 @triton.jit
-def _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA, q_start, scale2,
+def _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LSE, DELTA, q_start, scale2,
               BLOCK_Q: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr):
   """Transposed tile [keys, queries], so that dV += P^T dO and dK += dS^T Q need no transpose
@@ -196,8 +206,8 @@ def _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA, q_
   tile = _rows(q_start, BLOCK_Q, HEADS, HEAD_DIM)
   q, do = tl.load(Q + tile), tl.load(DO + tile)
   s_t = _logits(_dot(k, tl.trans(q), IEEE), tl.load(C + pos_q)[None, :], c_k[:, None],
-                tl.load(SEG + pos_q)[None, :], seg_k[:, None], pos_q[None, :], pos_k[:, None],
-                scale2, CAUSAL, WINDOW)
+                tl.load(CLO + pos_q)[None, :], clo_k[:, None], tl.load(SEG + pos_q)[None, :],
+                seg_k[:, None], pos_q[None, :], pos_k[:, None], scale2, CAUSAL, WINDOW)
   p_t = tl.exp2(s_t - tl.load(LSE + pos_q)[None, :])
   dv += _dot(p_t.to(do.dtype), do, IEEE)
   ds_t = p_t * (_dot(v, tl.trans(do), IEEE) - tl.load(DELTA + pos_q)[None, :])
@@ -206,18 +216,19 @@ def _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA, q_
 
 
 @triton.jit
-def dkv_kernel(Q, K, V, C, SEG, THR, DO, LSE, DELTA, DK, DV, DC, scale2: tl.constexpr,
+def dkv_kernel(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, DK, DV, DC, scale2: tl.constexpr,
                sm_scale: tl.constexpr, SEQ_LEN: tl.constexpr, HEADS: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                WINDOW: tl.constexpr, PRUNE: tl.constexpr, IEEE: tl.constexpr):
   """dk, dv [B, T, H, D] (k.dtype) and dc [B, H, T] (float32) of one key block."""
   seq, vec, thr = _program(THR, SEQ_LEN, HEADS, HEAD_DIM)
   Q, K, V, DO, DK, DV = Q + seq, K + seq, V + seq, DO + seq, DK + seq, DV + seq
-  C, SEG, LSE, DELTA, DC = C + vec, SEG + vec, LSE + vec, DELTA + vec, DC + vec
+  C, CLO, SEG, LSE, DELTA, DC = C + vec, CLO + vec, SEG + vec, LSE + vec, DELTA + vec, DC + vec
   k_start = tl.program_id(0) * BLOCK_K
   pos_k = k_start + tl.arange(0, BLOCK_K)
   tile = _rows(k_start, BLOCK_K, HEADS, HEAD_DIM)
   k, v, c_k, seg_k = tl.load(K + tile), tl.load(V + tile), tl.load(C + pos_k), tl.load(SEG + pos_k)
+  clo_k = tl.load(CLO + pos_k)
   dk = tl.zeros((BLOCK_K, HEAD_DIM), tl.float32)
   dv = tl.zeros((BLOCK_K, HEAD_DIM), tl.float32)
   dc = tl.zeros((BLOCK_K,), tl.float32)
@@ -226,13 +237,13 @@ def dkv_kernel(Q, K, V, C, SEG, THR, DO, LSE, DELTA, DK, DV, DC, scale2: tl.cons
     end = _last_kept_query_block_end(C, tl.min(c_k, 0), thr, below, end, BLOCK_Q)
     partial = tl.minimum(partial, end)
   for qb in range(first, below):  # the diagonal: never pruned
-    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA,
+    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LSE, DELTA,
                            qb * BLOCK_Q, scale2, BLOCK_Q, HEADS, HEAD_DIM, True, WINDOW, IEEE)
   for qb in range(below, partial):
-    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA,
+    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LSE, DELTA,
                            qb * BLOCK_Q, scale2, BLOCK_Q, HEADS, HEAD_DIM, False, 0, IEEE)
   for qb in range(partial, end):
-    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, seg_k, pos_k, Q, DO, C, SEG, LSE, DELTA,
+    dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LSE, DELTA,
                            qb * BLOCK_Q, scale2, BLOCK_Q, HEADS, HEAD_DIM, False, WINDOW, IEEE)
   tl.store(DK + tile, (dk * sm_scale).to(DK.dtype.element_ty))
   tl.store(DV + tile, dv.to(DV.dtype.element_ty))
@@ -240,7 +251,7 @@ def dkv_kernel(Q, K, V, C, SEG, THR, DO, LSE, DELTA, DK, DV, DC, scale2: tl.cons
 
 
 @triton.jit
-def _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG, k_start, scale2,
+def _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, CLO, SEG, k_start, scale2,
              BLOCK_K: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, ROW_TERM: tl.constexpr,
              IEEE: tl.constexpr):
@@ -248,7 +259,8 @@ def _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG, k_
   pos_k = k_start + tl.arange(0, BLOCK_K)
   tile = _rows(k_start, BLOCK_K, HEADS, HEAD_DIM)
   k = tl.load(K + tile)
-  s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(C + pos_k)[None, :], seg_q[:, None],
+  s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(C + pos_k)[None, :],
+              clo_q[:, None], tl.load(CLO + pos_k)[None, :], seg_q[:, None],
               tl.load(SEG + pos_k)[None, :], pos_q[:, None], pos_k[None, :], scale2, CAUSAL, WINDOW)
   p = tl.exp2(s - lse[:, None])
   dp = _dot(do, tl.trans(tl.load(V + tile)), IEEE)
@@ -260,7 +272,7 @@ def _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG, k_
 
 
 @triton.jit
-def _query_block_sweep(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN: tl.constexpr,
+def _query_block_sweep(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN: tl.constexpr,
                        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
                        ROW_TERM: tl.constexpr, IEEE: tl.constexpr):
@@ -268,11 +280,11 @@ def _query_block_sweep(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN: tl
   so the recomputed row term matches dQ's P exactly). Returns (dq unscaled, delta, offsets)."""
   seq, vec, thr = _program(THR, SEQ_LEN, HEADS, HEAD_DIM)
   Q, K, V, DO = Q + seq, K + seq, V + seq, DO + seq
-  C, SEG, LSE, DELTA = C + vec, SEG + vec, LSE + vec, DELTA + vec
+  C, CLO, SEG, LSE, DELTA = C + vec, CLO + vec, SEG + vec, LSE + vec, DELTA + vec
   q_start = tl.program_id(0) * BLOCK_Q
   pos_q = q_start + tl.arange(0, BLOCK_Q)
   tile = _rows(q_start, BLOCK_Q, HEADS, HEAD_DIM)
-  c_q = tl.load(C + pos_q)
+  c_q, clo_q = tl.load(C + pos_q), tl.load(CLO + pos_q)
   delta_q = tl.zeros((BLOCK_Q,), tl.float32)
   if not ROW_TERM:
     delta_q = tl.load(DELTA + pos_q)
@@ -285,37 +297,37 @@ def _query_block_sweep(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN: tl
     first = _first_kept_key_block(C, tl.max(c_q, 0), thr, first, crossing, BLOCK_K)
     inside = tl.maximum(inside, first)
   for kb in range(first, inside):
-    dq, delta = _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG,
+    dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, CLO, SEG,
                          kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, False, WINDOW, ROW_TERM,
                          IEEE)
   for kb in range(inside, crossing):
-    dq, delta = _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG,
+    dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, CLO, SEG,
                          kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, False, 0, ROW_TERM, IEEE)
   for kb in range(crossing, end):  # the diagonal: never pruned
-    dq, delta = _dq_tile(dq, delta, q, do, c_q, seg_q, pos_q, lse, delta_q, K, V, C, SEG,
+    dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, CLO, SEG,
                          kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, True, WINDOW, ROW_TERM,
                          IEEE)
   return dq, delta, seq + tile, vec + pos_q
 
 
 @triton.jit
-def dq_kernel(Q, K, V, C, SEG, THR, DO, LSE, DELTA, DQ, scale2: tl.constexpr,
+def dq_kernel(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, DQ, scale2: tl.constexpr,
               sm_scale: tl.constexpr, SEQ_LEN: tl.constexpr, HEADS: tl.constexpr,
               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
               WINDOW: tl.constexpr, PRUNE: tl.constexpr, IEEE: tl.constexpr):
   """dq [B, T, H, D] (q.dtype) of one query block."""
-  dq, _, rows, _ = _query_block_sweep(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN, HEADS,
+  dq, _, rows, _ = _query_block_sweep(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN, HEADS,
                                       HEAD_DIM, BLOCK_Q, BLOCK_K, WINDOW, PRUNE, False, IEEE)
   tl.store(DQ + rows, (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
 @triton.jit
-def row_term_kernel(Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2: tl.constexpr,
+def row_term_kernel(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2: tl.constexpr,
                     SEQ_LEN: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
                     PRUNE: tl.constexpr, IEEE: tl.constexpr):
   """delta [B, H, T] float32 = sum_j P_ij dP_ij of one query block (DELTA is the output)."""
   _, delta, _, positions = _query_block_sweep(
-      Q, K, V, C, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN, HEADS, HEAD_DIM, BLOCK_Q, BLOCK_K,
+      Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN, HEADS, HEAD_DIM, BLOCK_Q, BLOCK_K,
       WINDOW, PRUNE, True, IEEE)
   tl.store(DELTA + positions, delta)

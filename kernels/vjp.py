@@ -4,12 +4,12 @@ A backend supplies its kernels (``BackendKernels``); ``differentiable(kernels)``
 ``attention(q, k, v, log_fgate, seg, thr, static) -> o``, differentiable in q, k, v and
 log_fgate. What it does the same way for every backend:
 
-* forward: c = the backend's cumulative sum of log f (float32; some backends scale it by
-  log2 e), then (o, lse) from the forward kernel. Residuals: the inputs, lse, and o only where
+* forward: c = the backend's cumulative sum of log f (decay.py's two float32 parts, hi + lo),
+  then (o, lse) from the forward kernel. Residuals: the inputs, lse, and o only where
   the backward reads the row term off it (float32; bf16/fp16 recompute it, see row_term.py);
 * backward: c again (cheaper than keeping it), the row term, the backward kernels' dq, dk, dv
-  and dc_j = -sum_i dS_ij, then d log f = reverse cumsum of dc along the sequence, since
-  c_t = sum_{u <= t} log f_u. Segment ids and the pruning threshold get no gradient (the
+  and dc_j = -sum_i dS_ij, then d log f = reverse cumsum of dc along the sequence (compensated,
+  decay.reverse_cumsum), since c_t = sum_{u <= t} log f_u. Segment ids and the pruning threshold get no gradient (the
   threshold only picks which tiles to skip: piecewise constant).
 
 ``static`` is a hashable tuple of the backend's compile-time options (scale, tiles, window,
@@ -20,16 +20,15 @@ import functools
 from typing import Callable, NamedTuple
 
 import jax
-from jax import lax
 
-from . import row_term
+from . import decay, row_term
 
 
 class BackendKernels(NamedTuple):
   """A backend's pieces. Layouts are the backend's own; ``seq_axis`` is the sequence axis of
   its log f / c / dc arrays."""
 
-  cumsum: Callable  # log_fgate -> c
+  cumsum: Callable  # log_fgate -> c (a decay.TwoFloat)
   forward: Callable  # (q, k, v, c, seg, thr, *static) -> (o, lse)
   row_term: Callable  # (q, k, v, c, seg, thr, do, lse, *static) -> delta, recomputed from tiles
   row_term_from_output: Callable  # (o, do) -> delta
@@ -57,7 +56,7 @@ def differentiable(kernels):
     else:
       delta = kernels.row_term_from_output(o, do)
     dq, dk, dv, dc = kernels.backward(q, k, v, c, seg, thr, do, lse, delta, *static)
-    return dq, dk, dv, lax.cumsum(dc, axis=kernels.seq_axis, reverse=True), None, None
+    return dq, dk, dv, decay.reverse_cumsum(dc, axis=kernels.seq_axis), None, None
 
   attention.defvjp(forward, backward)
   return attention

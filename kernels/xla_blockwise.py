@@ -16,8 +16,9 @@ two sweeps, never holding a [T, T] array:
 
 Then d log_fgate = reverse cumsum of dc, because c_t = sum_{u <= t} log f_u.
 
-The decay bias c_i - c_j is formed per tile from the float32 cumsum, so no large constant is
-ever subtracted globally.
+c is the two-float cumsum of decay.py (each (batch, head, position) holds c = hi + lo), and
+every tile forms c_i - c_j from the two parts, never as a difference of two large float32
+numbers; the backward's reverse cumsum of dc is compensated the same way.
 
 Block pairs. Every sweep is written for a block of queries and a block of keys that may be two
 different stretches of one sequence: the queries' arrays (q, c_q, seg_q, and dO, lse, delta)
@@ -33,6 +34,7 @@ which the ring's merge and backward treat as "no contribution".
 import jax.numpy as jnp
 from jax import lax
 
+from . import decay
 from .block_sizes import BlockSizes, first_key_block_in_window, floor_div, heads_major, padded_length
 from .pruning import unless_skipped
 from . import row_term
@@ -47,13 +49,17 @@ def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scal
 
 
 def _slice(x, start, size, axis):
-  return lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+  """A slice of an array or of both parts of a TwoFloat c."""
+  return decay.tree_map(lambda x: lax.dynamic_slice_in_dim(x, start, size, axis=axis), x)
 
 
 def _split_blocks(x, block, axis):
-  """[..., T, ...] -> [T // block, ..., block, ...] with the block index leading."""
-  shape = x.shape[:axis] + (x.shape[axis] // block, block) + x.shape[axis + 1:]
-  return jnp.moveaxis(x.reshape(shape), axis, 0)
+  """[..., T, ...] -> [T // block, ..., block, ...] with the block index leading (both parts of
+  a TwoFloat c)."""
+  def split(x):
+    shape = x.shape[:axis] + (x.shape[axis] // block, block) + x.shape[axis + 1:]
+    return jnp.moveaxis(x.reshape(shape), axis, 0)
+  return decay.tree_map(split, x)
 
 
 def _merge_blocks(x, axis):
@@ -129,7 +135,8 @@ def _query_block_sweep(tile, q_side, k, c_k, thr, offsets, bq, bk, window, init)
 
 
 def pair_forward(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, bq, bk, window):
-  """q: [B, H, Tq, D], k, v: [B, H, Tk, D]; c_*, seg_*: [B, H, T*]. Returns o [B, H, Tq, D]
+  """q: [B, H, Tq, D], k, v: [B, H, Tk, D]; c_*, seg_*: [B, H, T*] (c_* a decay.TwoFloat, or
+  plain float32 arrays). Returns o [B, H, Tq, D]
   (float32) and lse [B, H, Tq]."""
   batch, heads, _, head_dim = q.shape
 
@@ -170,7 +177,7 @@ def pair_row_term(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, sm_sca
                     preferred_element_type=jnp.float32)
     return delta + jnp.sum(_probabilities(s, lse_blk) * dp, axis=-1)
 
-  init = lambda blocks: jnp.zeros(blocks[1].shape, jnp.float32)
+  init = lambda blocks: jnp.zeros(blocks[0].shape[:-1], jnp.float32)
   delta = _query_block_sweep(tile, (q, c_q, seg_q, do, lse), k, c_k, thr, offsets, bq, bk, window, init)
   return _merge_blocks(delta, 2)
 
@@ -215,7 +222,7 @@ def pair_backward_dkv(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, de
 
     lo, hi = _query_blocks(k_start, bk, bq, num_q_blocks, window, q_offset)
     zeros = jnp.zeros(k_blk.shape, jnp.float32)
-    return _sweep(tile, c_q, bq, lo, hi, (zeros, zeros, jnp.zeros(c_blk_k.shape, jnp.float32)), thr,
+    return _sweep(tile, c_q, bq, lo, hi, (zeros, zeros, jnp.zeros(seg_blk_k.shape, jnp.float32)), thr,
                   lambda c_blk_q: (c_blk_q, c_blk_k))
 
   blocks = (jnp.arange(k.shape[2] // bk),) + tuple(_split_blocks(x, bk, 2) for x in (k, v, c_k, seg_k))
@@ -243,7 +250,7 @@ def _backward(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window):
 
 # static = (sm_scale, bq, bk, window)
 _blockwise = differentiable(BackendKernels(
-    cumsum=lambda log_fgate: jnp.cumsum(log_fgate, axis=-1), forward=_forward, row_term=_row_term,
+    cumsum=lambda log_fgate: decay.cumsum(log_fgate, axis=-1), forward=_forward, row_term=_row_term,
     row_term_from_output=row_term.from_output, backward=_backward, seq_axis=2))
 
 

@@ -38,7 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lpcjax.kernels import forgetting_attention, segment_starts, sharded_forgetting_attention
+from lpcjax.kernels import decay, forgetting_attention, segment_starts, sharded_forgetting_attention
 from lpcjax.sharding import attention_mesh_axes, shift_along_sequence
 
 from .common import Projection, RMSNorm, dtype_of, normal_init
@@ -207,7 +207,9 @@ class ForgettingAttention(nn.Module):
 # ----------------------------------------------------------------------------- cached decoding
 # A layer's cache: k, v [batch, max_len, heads, head_dim] (after KV-shift, QK-norm and RoPE), with
 # a forget gate c [batch, max_len, heads] float32 = cumsum of log f over the row (c_i - c_j is
-# the decay between two positions of one segment; without a gate it is 0 and not stored), and
+# the decay between two positions of one segment; without a gate it is 0 and not stored) with
+# its low part c_lo (c = c + c_lo exactly, lpcjax.kernels.decay: a float32 c alone would put
+# an error of ~1e-3 into every decay at |c| ~ 4e4), and
 # with KV-shift the last unshifted k, v [batch, heads, head_dim]. The model's ``context`` gives
 # each row's ``lengths`` (prefill: the prompt length;
 # decoding: the new token's position), ``rope_start`` and ``segments`` [batch, max_len].
@@ -223,6 +225,7 @@ def init_layer_cache(cfg, batch, max_len):
            "v": jnp.zeros((batch, max_len, heads, head_dim), dtype)}
   if cfg.gate is not None:
     cache["c"] = jnp.zeros((batch, max_len, heads), jnp.float32)
+    cache["c_lo"] = jnp.zeros((batch, max_len, heads), jnp.float32)
   if cfg.use_kv_shift:
     cache.update(k_prev=jnp.zeros((batch, heads, head_dim), dtype), v_prev=jnp.zeros((batch, heads, head_dim), dtype))
   return cache
@@ -239,7 +242,9 @@ def prefilled_cache(cache, k, v, log_fgate, context):
   cache = {**cache, "k": cache["k"].at[:, :length].set(k.astype(cache["k"].dtype)),
            "v": cache["v"].at[:, :length].set(v.astype(cache["v"].dtype))}
   if "c" in cache:
-    cache["c"] = cache["c"].at[:, :length].set(jnp.cumsum(log_fgate, axis=1))
+    c = decay.cumsum(log_fgate, axis=1)
+    cache["c"] = cache["c"].at[:, :length].set(c.hi)
+    cache["c_lo"] = cache["c_lo"].at[:, :length].set(c.lo)
   return _constrained(cache)
 
 
@@ -263,10 +268,11 @@ def cached_attention(q, k, v, log_fgate, cache, context, window=None):
   cache = {**cache, "k": write(cache["k"], k, position), "v": write(cache["v"], v, position)}
   query_key_c = ()
   if "c" in cache:
-    previous_c = jnp.take_along_axis(cache["c"], jnp.maximum(position - 1, 0)[:, None, None], axis=1)
-    c_new = previous_c + log_fgate  # [batch, 1, heads]
-    cache["c"] = write(cache["c"], c_new, position)
-    query_key_c = (c_new, cache["c"])
+    previous = lambda c: jnp.take_along_axis(c, jnp.maximum(position - 1, 0)[:, None, None], axis=1)
+    c_new = decay.add(decay.TwoFloat(previous(cache["c"]), previous(cache["c_lo"])),
+                      decay.lift(log_fgate))  # [batch, 1, heads], exact to ~u^2 |c|
+    cache["c"], cache["c_lo"] = write(cache["c"], c_new.hi, position), write(cache["c_lo"], c_new.lo, position)
+    query_key_c = (c_new, decay.TwoFloat(cache["c"], cache["c_lo"]))
   cache = _constrained(cache)
   segments = context["segments"]
   current = jnp.take_along_axis(segments, position[:, None], axis=1)
@@ -281,14 +287,17 @@ def materialized_attention(q, k, v, visible, query_c=None, key_c=None):
   """Softmax attention of a few queries over cached keys, in float32, with the logits formed.
 
   q [batch, Tq, heads, D]; k, v [batch, S, heads, D]; visible [batch, Tq, S] bool; query_c
-  [batch, Tq, heads] and key_c [batch, S, heads] the cumulative log f of each (None: no gate).
-  Logits q.k_j / sqrt(D) + (c_i − c_j) where visible, −inf elsewhere; every query must see at
+  [batch, Tq, heads] and key_c [batch, S, heads] the cumulative log f of each (None: no gate),
+  float32 arrays or ``lpcjax.kernels.decay.TwoFloat`` pairs (c_i − c_j is then formed from the
+  two parts). Logits q.k_j / sqrt(D) + (c_i − c_j) where visible, −inf elsewhere; every query must see at
   least one key. Returns o [batch, Tq, heads, D] in q.dtype. This is the decoding-time path of
   both caches; the parallel pass runs ``lpcjax.kernels.forgetting_attention``."""
   scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
   logits = jnp.einsum("bihd,bjhd->bhij", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
   if query_c is not None:
-    logits = logits + (jnp.swapaxes(query_c, 1, 2)[..., :, None] - jnp.swapaxes(key_c, 1, 2)[..., None, :])
+    row = lambda c: jnp.swapaxes(c, 1, 2)[..., :, None]
+    col = lambda c: jnp.swapaxes(c, 1, 2)[..., None, :]
+    logits = logits + decay.difference(decay.tree_map(row, query_c), decay.tree_map(col, key_c))
   weights = jax.nn.softmax(jnp.where(visible[:, None], logits, -jnp.inf), axis=-1)
   o = jnp.einsum("bhij,bjhd->bihd", weights, v.astype(jnp.float32))
   return o.astype(q.dtype)
@@ -296,8 +305,9 @@ def materialized_attention(q, k, v, visible, query_c=None, key_c=None):
 
 # ----------------------------------------------------------------------------- streaming windows
 # A window cache: the last window − 1 keys and values of the stream (after RoPE at their
-# absolute positions), their c (cumulative log f of the stream, float32; zeros without a gate),
-# whether each slot holds a real token yet, and the stream's running c after its last token.
+# absolute positions), their c (cumulative log f of the stream, float32, with its low part c_lo
+# as in the decoding cache; zeros without a gate), whether each slot holds a real token yet, and
+# the stream's running c after its last token (c_last, c_last_lo).
 
 
 def init_window_cache(cfg, batch):
@@ -309,7 +319,9 @@ def init_window_cache(cfg, batch):
   return {"k": jnp.zeros((batch, size, cfg.num_heads, cfg.head_dim), dtype),
           "v": jnp.zeros((batch, size, cfg.num_heads, cfg.head_dim), dtype),
           "c": jnp.zeros((batch, size, cfg.num_heads), jnp.float32),
-          "valid": jnp.zeros((batch, size), bool), "c_last": jnp.zeros((batch, cfg.num_heads), jnp.float32)}
+          "c_lo": jnp.zeros((batch, size, cfg.num_heads), jnp.float32),
+          "valid": jnp.zeros((batch, size), bool), "c_last": jnp.zeros((batch, cfg.num_heads), jnp.float32),
+          "c_last_lo": jnp.zeros((batch, cfg.num_heads), jnp.float32)}
 
 
 def is_window_cache(cache):
@@ -322,14 +334,16 @@ def window_chunk_attention(q, k, v, log_fgate, cache):
   Key j of that concatenation is w − 1 − j positions before the chunk's first token, so query i
   sees it iff i <= j <= i + w − 1 (causal and inside the window) and it holds a real token."""
   size, chunk = cache["k"].shape[1], q.shape[1]
-  c = cache["c_last"][:, None] + jnp.cumsum(log_fgate, axis=1)  # [batch, chunk, heads]
+  c_last = decay.TwoFloat(cache["c_last"][:, None], cache["c_last_lo"][:, None])
+  c = decay.add(c_last, decay.cumsum(log_fgate, axis=1))  # [batch, chunk, heads], two parts
   keys = jnp.concatenate([cache["k"], k.astype(cache["k"].dtype)], axis=1)
   values = jnp.concatenate([cache["v"], v.astype(cache["v"].dtype)], axis=1)
-  key_c = jnp.concatenate([cache["c"], c], axis=1)
+  key_c = decay.TwoFloat(jnp.concatenate([cache["c"], c.hi], axis=1),
+                         jnp.concatenate([cache["c_lo"], c.lo], axis=1))
   valid = jnp.concatenate([cache["valid"], jnp.ones(q.shape[:2], bool)], axis=1)
   i, j = jnp.arange(chunk)[:, None], jnp.arange(size + chunk)[None, :]
   visible = (j >= i) & (j <= i + size) & valid[:, None, :]  # [batch, chunk, keys]
   o = materialized_attention(q, keys, values, visible, c, key_c)
   keep = slice(chunk, None)  # roll: the last window − 1 positions stay
-  return o, {"k": keys[:, keep], "v": values[:, keep], "c": key_c[:, keep], "valid": valid[:, keep],
-             "c_last": c[:, -1]}
+  return o, {"k": keys[:, keep], "v": values[:, keep], "c": key_c.hi[:, keep], "c_lo": key_c.lo[:, keep],
+             "valid": valid[:, keep], "c_last": c.hi[:, -1], "c_last_lo": c.lo[:, -1]}

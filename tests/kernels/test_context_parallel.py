@@ -13,6 +13,7 @@ from lpcjax.kernels import BlockSizes, forgetting_attention, sharded_forgetting_
 from lpcjax.kernels.context_parallel import context_steps
 from lpcjax.kernels.pruning import skipped_tile_fraction
 
+from float64_attention import forgetting_attention_float64, long_context_inputs, relative_errors
 from test_forgetting_attention import make_inputs, value_and_grads
 
 SEQ_LEN = 64
@@ -120,3 +121,33 @@ def test_context_axis_of_size_one_runs_the_plain_op():
   q, k, v, log_f, _, seg = packed_inputs(jnp.float32)
   out = sharded_forgetting_attention(q, k, v, log_f, mesh=mesh, context_axis="context", segment_ids=seg)
   np.testing.assert_allclose(out, forgetting_attention(q, k, v, log_f, segment_ids=seg), atol=1e-6)
+
+
+def test_ring_with_c_offset_matches_float64():
+  """Long-context precision across shards (test_decay_precision.py on one device): log f in
+  [-4, -1] with c offset by 5e4, so every shard's c and the earlier shards' totals are large;
+  the ring's outputs and four gradients stay within 1e-4 of float64."""
+  mesh = mesh_of((4,), ("context",))
+  inputs = long_context_inputs(2, 1, 512, 1, 16, c_offset=5e4)
+  q, k, v, log_f, do = (jnp.asarray(x) for x in inputs)
+  o, grads = ring_value_and_grads(mesh, None, q, k, v, log_f, do, None, block_sizes=BlockSizes(32, 32))
+  errors = relative_errors((o,) + tuple(grads), forgetting_attention_float64(*inputs))
+  assert max(errors) <= 1e-4, errors
+
+
+def test_padded_chunks_keep_pruning():
+  """T = 96 over 4 devices: 8 chunks of 12 padded to tiles of 16. NaN in v[0:8] reaches only
+  the rows whose tiles with keys 0..15 pruning does not skip; the ring's padding must not
+  stop a skip (padded rows with c = 0 once made every padded query block look undecayed, and
+  its rows NaN), so from row 48 on the ring is finite and equals one device."""
+  mesh = mesh_of((4,), ("context",))
+  q, k, v, log_f, _ = make_inputs(5, 1, 96, 2, 8)
+  log_f = 6.0 * log_f - 1.0  # steep: tiles a chunk or more below their keys are skipped
+  v = v.at[:, :8].set(jnp.nan)
+  options = dict(block_sizes=BlockSizes(16, 16), prune_epsilon=EPSILON)
+  one_device = jax.jit(lambda *x: forgetting_attention(*x, impl="xla", **options))(q, k, v, log_f)
+  ring = jax.jit(lambda *x: sharded_forgetting_attention(*x, mesh=mesh, context_axis="context", **options))(
+      q, k, v, log_f)
+  assert bool(jnp.all(jnp.isfinite(one_device[:, 48:])))
+  assert bool(jnp.all(jnp.isfinite(ring[:, 48:])))
+  np.testing.assert_allclose(ring[:, 48:], one_device[:, 48:], atol=1e-5, rtol=1e-5)

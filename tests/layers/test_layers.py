@@ -156,3 +156,36 @@ def test_layers_live_in_another_model_with_a_few_fields():
   assert out.shape == x.shape
   moved = MyBlock().apply(variables, x.at[:, 4].add(1.0))  # causal
   np.testing.assert_allclose(moved[:, :4], out[:, :4], atol=1e-6)
+
+
+def test_decoding_caches_keep_long_context_decay_exact():
+  """Both caches at |c| ~ 5e4 (log f in [-4, -1], c offset by 5e4 at position 0): decoding
+  steps after a prefilled prompt and a windowed stream in chunks equal float64 within 1e-4,
+  because the caches keep c in two float32 parts (a float32 c put ~1e-3 into every weight)."""
+  from float64_attention import forgetting_attention_float64, long_context_inputs
+  from lpcjax.layers.attention import (cached_attention, init_layer_cache, init_window_cache, prefilled_cache,
+                                       window_chunk_attention)
+  seq_len, prompt, window, chunk = 512, 508, 64, 128
+  q, k, v, log_f, do = long_context_inputs(3, 1, seq_len, 2, 16, c_offset=5e4)
+  relative = lambda got, want: float(np.max(np.abs(np.float64(got) - want)) / np.max(np.abs(want)))
+
+  cfg = AttentionConfig(d_model=32, num_heads=2, head_dim=16, gate=GateConfig(num_heads=2))
+  cache = prefilled_cache(init_layer_cache(cfg, 1, seq_len), k[:, :prompt], v[:, :prompt], log_f[:, :prompt],
+                          None)
+  step = jax.jit(lambda *args: cached_attention(*args))
+  want = forgetting_attention_float64(q, k, v, log_f, do)[0]
+  segments = jnp.zeros((1, seq_len), jnp.int32)
+  for position in range(prompt, seq_len):
+    at = slice(position, position + 1)
+    context = {"lengths": jnp.array([position]), "segments": segments}
+    o, cache = step(q[:, at], k[:, at], v[:, at], log_f[:, at], cache, context)
+    assert relative(o, want[:, at]) <= 1e-4, position
+
+  want = forgetting_attention_float64(q, k, v, log_f, do, window=window)[0]
+  stream, pieces = init_window_cache(AttentionConfig(d_model=32, num_heads=2, head_dim=16, window=window), 1), []
+  chunk_step = jax.jit(window_chunk_attention)
+  for start in range(0, seq_len, chunk):
+    at = slice(start, start + chunk)
+    o, stream = chunk_step(q[:, at], k[:, at], v[:, at], log_f[:, at], stream)
+    pieces.append(o)
+  assert relative(jnp.concatenate(pieces, axis=1), want) <= 1e-4

@@ -12,7 +12,7 @@ from .errors import DataError
 from .mqar import MQARDataConfig, MQARSource, mqar_example
 from .pipeline import PaddedEvalSource, make_dataset, make_iterator, make_source
 from .prepare import load_token_file, prepare
-from .registry import DataKind, get, names, register
+from .registry import DataKind, get, names, register, source_of
 from .series import SeriesDataConfig, SeriesSource, read_series
 from .subsets import stratified_subset
 from .text import tokenize_files
@@ -23,5 +23,5 @@ from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenW
 __all__ = ["DataError", "DataKind", "MQARDataConfig", "MQARSource", "PaddedEvalSource", "SeriesDataConfig",
            "SeriesSource", "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource",
            "TokenizerError", "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator",
-           "make_source", "mqar_example", "names", "prepare", "read_series", "register", "stratified_subset",
-           "tokenize_files", "with_recorded_tokenizer"]
+           "make_source", "mqar_example", "names", "prepare", "read_series", "register", "source_of",
+           "stratified_subset", "tokenize_files", "with_recorded_tokenizer"]

@@ -17,7 +17,7 @@ from lpcjax import models
 from lpcjax.data import with_recorded_tokenizer
 from lpcjax.data.tokenizer import ENV_VAR
 from lpcjax.sharding import make_mesh, rules_from_config
-from lpcjax.training.runs import RunError, read_config, restore_state
+from lpcjax.training.runs import RunError, read_config, restore_variables
 
 __all__ = ["LoadedRun", "RunError", "evaluate_run", "evaluator_options", "evaluators_of", "load_run"]
 
@@ -67,10 +67,10 @@ def load_run(run_dir, mesh=None, step=None, tokenizer_file=None):
     mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1,
                                                          mesh_context=1, mesh_tensor=1))
   rules = rules_from_config(config.train)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    config, family, model, state = restore_state(run_dir, mesh, rules, step)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):  # parameters only: no optimizer state
+    config, family, model, params, mutable, step = restore_variables(run_dir, mesh, rules, step, config)
   config = with_tokenizer(config, tokenizer_file)
-  return LoadedRun(run_dir, config, family, model, state.params, state.mutable, mesh, rules, int(state.step))
+  return LoadedRun(run_dir, config, family, model, params, mutable, mesh, rules, step)
 
 
 def evaluators_of(run_dirs):

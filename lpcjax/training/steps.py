@@ -99,14 +99,23 @@ def _create(family, model, config, optimizer):
   return TrainState.create(apply_fn=model.apply, params=params, tx=optimizer, mutable=mutable)
 
 
+def variable_shardings(family, model, config, mesh, rules):
+  """((abstract params, abstract mutable collections), (their NamedShardings)): by their
+  logical names under ``rules``, replicated where they have none. What evaluation restores."""
+  boxed = jax.eval_shape(lambda: family.init_variables(model, config.data, config.train.seed))
+  shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+  # The boxes' own unbox() would apply their sharding constraint, which needs a trace.
+  unboxed = jax.tree.map(lambda x: x.unbox(apply_constraint=False), boxed,
+                         is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  return _split_variables(family, unboxed), _split_variables(family, shardings)
+
+
 def state_shardings(family, model, config, optimizer, mesh, rules):
   """(abstract TrainState, its NamedShardings): params and mutable collections by their logical
   names under ``rules`` (replicated where they have none), optimizer moments like their params,
   everything else replicated. ``optimizer`` must be the one the state is created with (it is
   part of the TrainState's static structure)."""
-  boxed = jax.eval_shape(lambda: family.init_variables(model, config.data, config.train.seed))
-  variable_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
-  param_shardings, mutable_shardings = _split_variables(family, variable_shardings)
+  _, (param_shardings, mutable_shardings) = variable_shardings(family, model, config, mesh, rules)
   abstract = jax.eval_shape(lambda: _create(family, model, config, optimizer))
   replicated = NamedSharding(mesh, P())
   # A parameter group (optax.multi_transform) holds an empty MaskedNode for each parameter of

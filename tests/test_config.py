@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -133,3 +134,17 @@ def test_a_run_records_where_its_family_is_defined():
   values = C.to_dict(base())
   assert values["defined_in"]["model.family"]["module"] == "lpcjax.models.fox"
   assert values["defined_in"]["data.kind"]["module"] == "lpcjax.data.mqar"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model.attention_impl=pallas", "model.head_dim=8"],
+     "model.attention_impl: impl='pallas' supports head_dim in (16, 32, 64, 128), got 8"),
+    (["model.attention_impl=pallas", "train.mesh_context=2"],
+     "model.attention_impl: impl='pallas' has no context-parallel path; backends with one: xla"),
+    (["model.attention_impl=triton", "model.dtype=bfloat16", "model.head_dim=12"], "impl='triton' supports head_dim"),
+])
+def test_the_backend_table_checks_the_config(overrides, message):
+  """What a backend cannot run is a one-line error when the config is built (kernels/backends.py)."""
+  with pytest.raises(C.ConfigError, match=re.escape(message)):
+    C.apply_overrides(base(), overrides)
+  assert C.apply_overrides(base(), ["model.attention_impl=xla", "train.mesh_context=2"]).model.attention_impl == "xla"

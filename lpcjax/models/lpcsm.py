@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import optax
 
 from lpcjax.config import TrainConfig, check_scale_rules, require, require_choice
-from lpcjax.kernels import available_impls
 from lpcjax.layers.attention import AttentionConfig, ForgettingAttention, init_window_cache
 from lpcjax.layers.common import Projection, RMSNorm, TokenEmbed, constant_init, dtype_of, normal_init
 from lpcjax.layers.controller import ControllerConfig, SparseController, initial_stats
@@ -43,7 +42,7 @@ from lpcjax.layers.mlp import MLPConfig, SwiGLU, swiglu_hidden_size
 from lpcjax.losses import masked_cross_entropy, scored_positions
 
 from .decoder import EMBED, lm_head, rematted, scanned_layers
-from .decoder_config import DecoderConfig, GateFields
+from .decoder_config import DecoderConfig, GateFields, check_attention_impl
 from .family import register
 from .language_model import check_vocab, language_model_evaluator, language_model_family
 
@@ -158,7 +157,7 @@ class LPCSMConfig(GateFields, DecoderConfig):
       require(0 < getattr(self, name) < 1, f"model.{name}", "must be in (0, 1)")
     require(0 <= self.resolved_stop_token < self.vocab_size, "model.stop_token",
             f"{self.stop_token} is not a token of the {self.vocab_size}-token vocabulary")
-    require_choice(self.attention_impl, "model.attention_impl", set(available_impls()))
+    check_attention_impl(self)
 
     require_choice(self.position_embedding, "model.position_embedding", {"sinusoidal", "none"})
     require_choice(self.controller_score, "model.controller_score", {"learned", "affine"})

@@ -18,10 +18,10 @@ from .subsets import stratified_subset
 from .text import tokenize_files
 from .tokenizer import TokenizerError, load_gpt2_tokenizer
 from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource,
-                      with_recorded_tokenizer)
+                      with_tokenizer)
 
 __all__ = ["DataError", "DataKind", "MQARDataConfig", "MQARSource", "PaddedEvalSource", "SeriesDataConfig",
            "SeriesSource", "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource",
            "TokenizerError", "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator",
            "make_source", "mqar_example", "names", "prepare", "read_series", "register", "source_of",
-           "stratified_subset", "tokenize_files", "with_recorded_tokenizer"]
+           "stratified_subset", "tokenize_files", "with_tokenizer"]

@@ -8,18 +8,16 @@ that name them, and are handed a ``LoadedRun``.
 
 import argparse
 import dataclasses
-import os
 
 import flax.linen as nn
 import jax
 
 from lpcjax import models
-from lpcjax.data import with_recorded_tokenizer
-from lpcjax.data.tokenizer import ENV_VAR
+from lpcjax.data import with_tokenizer
 from lpcjax.sharding import make_mesh, rules_from_config
-from lpcjax.training.runs import RunError, read_config, restore_variables
+from lpcjax.training.run_directory import RunError, read_config, restore_variables
 
-__all__ = ["LoadedRun", "RunError", "evaluate_run", "evaluator_options", "evaluators_of", "load_run"]
+__all__ = ["LoadedRun", "RunError", "evaluate_run", "evaluator_options", "evaluators_of", "load_run", "read_config"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,40 +41,28 @@ class LoadedRun:
     return {"params": self.params, **self.mutable}
 
 
-def with_tokenizer(config, tokenizer_file=None):
-  """``config`` with the tokenizer its evaluation and generation use: ``tokenizer_file`` (a
-  command's --tokenizer-file) over the run's recorded one; a recorded file that is gone (the run
-  came from another machine) gives way to $LPCJAX_TIKTOKEN_FILE; a run that recorded none, to
-  what ``with_recorded_tokenizer`` finds. Data kinds without a tokenizer are left as they are."""
-  data = config.data
-  if not hasattr(data, "tokenizer_file"):
-    return config
-  chosen = tokenizer_file or data.tokenizer_file
-  if not tokenizer_file and chosen and not os.path.isfile(chosen) and os.environ.get(ENV_VAR):
-    chosen = None
-  data = with_recorded_tokenizer(dataclasses.replace(data, tokenizer_file=chosen))
-  return dataclasses.replace(config, data=data)
-
-
-def load_run(run_dir, mesh=None, step=None, tokenizer_file=None):
+def load_run(run_dir, mesh=None, step=None, tokenizer_file=None, config=None):
   """A LoadedRun of ``run_dir``'s checkpoint ``step`` (default: the latest), restored onto
-  ``mesh`` (default: every local device on the data axis) under the run's logical rules;
-  ``tokenizer_file`` replaces the run's recorded rank file (see ``with_tokenizer``)."""
-  config = read_config(run_dir)
+  ``mesh`` (default: every local device on the data axis) under the run's logical rules; its
+  params and mutable collections only, not the optimizer state. ``tokenizer_file`` replaces the
+  run's recorded rank file (``lpcjax.data.with_tokenizer``); ``config``: the run's, when the
+  caller has read it already (config.json is read once per command)."""
+  config = read_config(run_dir) if config is None else config
   if mesh is None:
     mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1,
                                                          mesh_context=1, mesh_tensor=1))
   rules = rules_from_config(config.train)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):  # parameters only: no optimizer state
     config, family, model, params, mutable, step = restore_variables(run_dir, mesh, rules, step, config)
-  config = with_tokenizer(config, tokenizer_file)
+  config = dataclasses.replace(config, data=with_tokenizer(config.data, tokenizer_file, saved=True))
   return LoadedRun(run_dir, config, family, model, params, mutable, mesh, rules, step)
 
 
-def evaluators_of(run_dirs):
-  """Each run's evaluator (its family's); compared runs need evaluators of one kind (class),
-  whose options and plots they share (sith and fox runs: both language-model evaluators)."""
-  families = [models.get(read_config(run_dir).model.family) for run_dir in run_dirs]
+def evaluators_of(configs):
+  """Each run's evaluator (its family's), from the runs' configs (``read_config``); compared
+  runs need evaluators of one kind (class), whose options and plots they share (sith and fox
+  runs: both language-model evaluators)."""
+  families = [models.get(config.model.family) for config in configs]
   evaluators = [family.evaluator() for family in families]
   if len({type(evaluator) for evaluator in evaluators}) > 1:
     raise RunError(f"cannot compare runs evaluated differently: families {sorted({f.name for f in families})}")
@@ -98,5 +84,6 @@ def evaluator_options(evaluator, **overrides):
 
 def evaluate_run(run_dir, **overrides):
   """Load ``run_dir`` and run its family's evaluator (options as in ``evaluator_options``)."""
-  (evaluator,) = evaluators_of([run_dir])
-  return evaluator.evaluate(load_run(run_dir), evaluator_options(evaluator, **overrides))
+  config = read_config(run_dir)
+  (evaluator,) = evaluators_of([config])
+  return evaluator.evaluate(load_run(run_dir, config=config), evaluator_options(evaluator, **overrides))

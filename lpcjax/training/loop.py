@@ -39,8 +39,8 @@ from lpcjax.sharding import check_divisible, context_ways, make_mesh, rules_from
 
 from .checkpoint import Checkpointer
 from .run_directory import RunExistsError  # noqa: F401  (re-exported: train() raises it)
-from .run_directory import MetricsLog, check_resumable, metric_means, open_run_directory
-from .runs import check_same_structure, num_params, parse_run_spec, restore_checked, restore_variables
+from .run_directory import (MetricsLog, check_resumable, check_same_structure, metric_means, num_params,
+                            open_run_directory, parse_run_spec, restore_checked, restore_variables)
 from .stopping import TrainingError  # noqa: F401  (re-exported: train() raises it)
 from .stopping import NonfiniteGuard, stop_agreed, stop_requests
 from .steps import create_train_state, eval_step, make_optimizer, state_shardings, step_rng, train_step

@@ -143,3 +143,13 @@ def test_imports_run_down_the_floors():
 
 def test_every_module_has_a_floor():
   assert all(floor_of(name) for name in module_files())
+
+
+def test_the_floors_check_sees_an_upward_import(tmp_path):
+  """A layer importing a family runs up the floors; the runner sits above its package's evaluators."""
+  layer = tmp_path / "layer.py"
+  layer.write_text("from lpcjax.models import fox\n")
+  modules = {"lpcjax.layers.layer": layer, "lpcjax.models.fox": tmp_path / "fox.py"}
+  (target, _), = imports_of("lpcjax.layers.layer", layer, modules)
+  assert floor_of(target) > floor_of("lpcjax.layers.layer")
+  assert floor_of("lpcjax.evaluation.runner") > floor_of("lpcjax.training") > floor_of("lpcjax.evaluation.series")

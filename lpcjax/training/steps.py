@@ -105,8 +105,8 @@ def variable_shardings(family, model, config, mesh, rules):
   boxed = jax.eval_shape(lambda: family.init_variables(model, config.data, config.train.seed))
   shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
   # The boxes' own unbox() would apply their sharding constraint, which needs a trace.
-  unboxed = jax.tree.map(lambda x: x.unbox(apply_constraint=False), boxed,
-                         is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  boxes = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  unboxed = jax.tree.map(lambda x: x.unbox(apply_constraint=False) if boxes(x) else x, boxed, is_leaf=boxes)
   return _split_variables(family, unboxed), _split_variables(family, shardings)
 
 

@@ -1,61 +1,16 @@
-"""Evaluate run directories: rebuild a trained model from its run directory alone (config.json +
-a checkpoint) and run its family's evaluator.
+"""Evaluate run directories: run a trained run's family's evaluator.
 
-This module sits above the families and the trainer's run-directory reader (it looks the family
-up by the run's config); the evaluators themselves (``lpcjax.evaluation``) sit below the families
-that name them, and are handed a ``LoadedRun``.
+This module sits above the families and the run directory (``lpcjax.training.run_directory``,
+which loads a run: ``load_run``, re-exported here); the evaluators themselves
+(``lpcjax.evaluation``) sit below the families that name them, and are handed a ``LoadedRun``.
 """
 
 import argparse
-import dataclasses
-
-import flax.linen as nn
-import jax
 
 from lpcjax import models
-from lpcjax.data import with_tokenizer
-from lpcjax.sharding import make_mesh, rules_from_config
-from lpcjax.training.run_directory import RunError, read_config, restore_variables
+from lpcjax.training.run_directory import LoadedRun, RunError, load_run, read_config
 
 __all__ = ["LoadedRun", "RunError", "evaluate_run", "evaluator_options", "evaluators_of", "load_run", "read_config"]
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedRun:
-  """What an evaluator gets: the run's config, family and model, its restored params and
-  mutable collections (sharded on ``mesh`` by ``rules``)."""
-
-  run_dir: str
-  config: object
-  family: object
-  model: object
-  params: object
-  mutable: dict
-  mesh: object
-  rules: tuple
-  step: int
-
-  @property
-  def variables(self):
-    """The dict ``model.apply`` takes: params and the mutable collections."""
-    return {"params": self.params, **self.mutable}
-
-
-def load_run(run_dir, mesh=None, step=None, tokenizer_file=None, config=None):
-  """A LoadedRun of ``run_dir``'s checkpoint ``step`` (default: the latest), restored onto
-  ``mesh`` (default: every local device on the data axis) under the run's logical rules; its
-  params and mutable collections only, not the optimizer state. ``tokenizer_file`` replaces the
-  run's recorded rank file (``lpcjax.data.with_tokenizer``); ``config``: the run's, when the
-  caller has read it already (config.json is read once per command)."""
-  config = read_config(run_dir) if config is None else config
-  if mesh is None:
-    mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1,
-                                                         mesh_context=1, mesh_tensor=1))
-  rules = rules_from_config(config.train)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):  # parameters only: no optimizer state
-    config, family, model, params, mutable, step = restore_variables(run_dir, mesh, rules, step, config)
-  config = dataclasses.replace(config, data=with_tokenizer(config.data, tokenizer_file, saved=True))
-  return LoadedRun(run_dir, config, family, model, params, mutable, mesh, rules, step)
 
 
 def evaluators_of(configs):

@@ -49,14 +49,15 @@ def _main(argv):
 
 
 def _evaluate(argv, run_dirs):
-  from lpcjax.evaluation.runner import evaluators_of, load_run
+  from lpcjax.evaluation.runner import evaluators_of, load_run, read_config
 
-  evaluators = evaluators_of(run_dirs)
+  configs = [read_config(run) for run in run_dirs]  # once per run: the evaluators, then the loads
+  evaluators = evaluators_of(configs)
   parser = _run_parser(add_help=True)
   evaluators[0].add_arguments(parser)
   args = parser.parse_args(argv)
-  results = [evaluator.evaluate(load_run(run, tokenizer_file=args.tokenizer_file), args)
-             for evaluator, run in zip(evaluators, run_dirs)]
+  results = [evaluator.evaluate(load_run(run, tokenizer_file=args.tokenizer_file, config=config), args)
+             for evaluator, run, config in zip(evaluators, run_dirs, configs)]
   if interrupts.requested():
     raise KeyboardInterrupt
   # An evaluator may name its default folder by its options (a random init: not over the trained results).

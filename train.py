@@ -39,16 +39,14 @@ def _train(args):
     jax.distributed.initialize()  # coordinator, process count and id from the environment
 
   from lpcjax import experiment
-  from lpcjax.data import with_recorded_tokenizer
+  from lpcjax.data import with_tokenizer
   from lpcjax.training import train
 
   config = experiment.load_experiment(args.config, CONFIG_DIR)
   config = experiment.apply_overrides(config, args.overrides)
-  if args.tokenizer_file:
-    if not hasattr(config.data, "tokenizer_file"):
-      raise experiment.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no tokenizer")
-    config = dataclasses.replace(config, data=dataclasses.replace(config.data, tokenizer_file=args.tokenizer_file))
-  config = dataclasses.replace(config, data=with_recorded_tokenizer(config.data))
+  if args.tokenizer_file and not hasattr(config.data, "tokenizer_file"):
+    raise experiment.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no tokenizer")
+  config = dataclasses.replace(config, data=with_tokenizer(config.data, args.tokenizer_file))
   if args.print_config:
     print(experiment.to_json(config))
     return None, None

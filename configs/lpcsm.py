@@ -33,7 +33,8 @@ The stages as this file builds them (B and C take half of A's steps; C doubles t
 
 (The CPU figures in docs/lpcsm.md override train.steps: 200 for A, 100 for B.)
 
-``train.lr_scales``: the controller's ratio logit φ (ρ = 0.05 + 0.45 σ(φ), init −0.69) learns
+``train.lr_scales`` (LPC-SM's own train setting, ``LPCSMTrainConfig``): the controller's ratio
+logit φ (ρ = 0.05 + 0.45 σ(φ), init −0.69) learns
 at a multiple of the learning rate so that ρ can cross its range within one stage: Adam moves
 φ by at most ~lr per step, and φ must move ~±3 to reach either bound, i.e. lr · steps · scale
 ≳ 3 over the ~half of a stage the cosine keeps the rate high: 10 for tiny (2e-3, 150-300 steps),
@@ -42,22 +43,23 @@ at a multiple of the learning rate so that ρ can cross its range within one sta
 
 import dataclasses
 
-from lpcjax.experiment import ExperimentConfig, TrainConfig
+from lpcjax.experiment import ExperimentConfig
 from lpcjax.data import TextDataConfig
 from lpcjax.models import LPCSMConfig
+from lpcjax.models.lpcsm import LPCSMTrainConfig
 
 SIZES = {
     "tiny": (LPCSMConfig(d_model=128, num_layers=4, num_heads=4, mlp_multiple_of=64, attention_window=64,
                          chunk_size=32, memory_dim=64),
              TextDataConfig(seq_len=256, batch_size=4),
-             TrainConfig(steps=300, learning_rate=2e-3, warmup_steps=30, log_every=25, eval_batches=16,
-                         lr_scales=("ratio_logit=10",))),
+             LPCSMTrainConfig(steps=300, learning_rate=2e-3, warmup_steps=30, log_every=25, eval_batches=16,
+                              lr_scales=("ratio_logit=10",))),
     "paper": (LPCSMConfig(d_model=768, num_layers=12, num_heads=12, memory_dim=512, attention_window=256,
                           chunk_size=64, remat_policy="dots_no_batch"),
               TextDataConfig(seq_len=2048, batch_size=1),
-              TrainConfig(steps=16_000, learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=1_000,
-                          log_every=100, eval_every=2_000, checkpoint_every=2_000, eval_batches=64,
-                          lr_scales=("ratio_logit=2",))),
+              LPCSMTrainConfig(steps=16_000, learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=1_000,
+                               log_every=100, eval_every=2_000, checkpoint_every=2_000, eval_batches=64,
+                               lr_scales=("ratio_logit=2",))),
 }
 ABLATIONS = {"no_mhc": "mhc", "no_slow": "slow_memory", "no_pc": "predictive_coding", "no_ont": "ont",
              "no_stop": "stop_head"}

@@ -35,6 +35,7 @@ from lpcjax.data import (DelayedIdConfig, FuzzyRecallConfig, MQARDataConfig, Noi
                          SelectiveCopyConfig)
 from lpcjax.experiment import ConfigError, ExperimentConfig, TrainConfig
 from lpcjax.models import FoXConfig, LPCSMConfig, SITHConfig, TransformerConfig
+from lpcjax.models.lpcsm import LPCSMTrainConfig
 
 SEQ_LEN, BATCH, VOCAB = 128, 32, 256
 TASKS = {
@@ -77,10 +78,12 @@ STEPS = 400
 
 
 def train_config(model_name, name):
-  # LPC-SM's ratio logit must cross its range within a short run (configs/lpcsm.py explains the 10).
-  lr_scales = ("ratio_logit=10",) if model_name.startswith("lpcsm") else ()
-  return TrainConfig(steps=STEPS, learning_rate=3e-3, warmup_steps=STEPS // 10, weight_decay=0.1, log_every=50,
-                     eval_batches=8, lr_scales=lr_scales, run_name=f"mechanisms_{name}")
+  shared = dict(steps=STEPS, learning_rate=3e-3, warmup_steps=STEPS // 10, weight_decay=0.1, log_every=50,
+                eval_batches=8, run_name=f"mechanisms_{name}")
+  if model_name.startswith("lpcsm"):
+    # LPC-SM's ratio logit must cross its range within a short run (configs/lpcsm.py explains the 10).
+    return LPCSMTrainConfig(**shared, lr_scales=("ratio_logit=10",))
+  return TrainConfig(**shared)
 
 
 def get_config(spec="mqar"):

@@ -26,10 +26,10 @@ Adam (0.9, 0.999), lr 2e-4 cosine to 2e-5, no weight decay, batch 32, clip 50, 2
 
 import dataclasses
 
-from lpcjax.experiment import ExperimentConfig, TrainConfig
+from lpcjax.experiment import ExperimentConfig
 from lpcjax.data import SeriesDataConfig
 from lpcjax.models import PMTConfig
-from lpcjax.models.pmt import GATE_PATTERNS
+from lpcjax.models.pmt import GATE_PATTERNS, PMTTrainConfig
 
 # Views and PCL (chosen on the validation splits of TRAIN files, docs/pmt.md): the spec's jitter of
 # 0.01 / 0.03 leaves the two views nearly equal, and its τ = 0.9 with 512 negatives puts PCL's floor
@@ -58,11 +58,11 @@ def get_config(name="tiny"):
   model = dataclasses.replace(TINY if size == "tiny" else PAPER, **VARIANTS[variant])
   if size == "tiny":
     data = SeriesDataConfig(batch_size=32)
-    train = TrainConfig(steps=300, learning_rate=1e-3, warmup_steps=20, weight_decay=0.0, log_every=25, eval_batches=0,
-                        **GATES)
+    train = PMTTrainConfig(steps=300, learning_rate=1e-3, warmup_steps=20, weight_decay=0.0, log_every=25,
+                           eval_batches=0, **GATES)
   else:
     data = SeriesDataConfig(batch_size=32)
-    train = TrainConfig(steps=200_000, learning_rate=2e-4, min_learning_rate=2e-5, warmup_steps=500,
-                        weight_decay=0.0, adam_b2=0.999, grad_clip=50.0, log_every=100, eval_every=20_000,
-                        eval_batches=0, checkpoint_every=5000, **GATES)
+    train = PMTTrainConfig(steps=200_000, learning_rate=2e-4, min_learning_rate=2e-5, warmup_steps=500,
+                           weight_decay=0.0, adam_b2=0.999, grad_clip=50.0, log_every=100, eval_every=20_000,
+                           eval_batches=0, checkpoint_every=5000, **GATES)
   return ExperimentConfig(model=model, data=data, train=train, name=f"pmt_{name}")

@@ -49,13 +49,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import decay, row_term
-from .api import _check_shapes, _check_window
+from .backends import resolve
 from .block_sizes import BlockSizes, heads_major, padded_length
 from .pruning import skip_threshold
+from .checks import check_shapes, check_window
 from .segments import segment_starts
-from .xla_blockwise import pair_backward_dkv, pair_backward_dq, pair_forward, pair_row_term
-
-CONTEXT_PARALLEL_IMPLS = ("auto", "xla")
 
 # Padding of a chunk up to the tile size: padded rows and columns get ids that match nothing
 # (real ids are >= 0), so a padded key is never seen, even by a later chunk's queries. Their c
@@ -72,14 +70,13 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
   device's shard: q, k, v [batch, L, heads, head_dim], log_fgate [batch, L, heads] and
   segment_ids [batch, L] are positions [d L, (d + 1) L) of the sequence, d the index along
   ``axis_name`` (``axis_size`` devices). Returns this shard's output, [batch, L, heads, head_dim].
-  The other keywords are ``forgetting_attention``'s; ``impl`` must be "auto" or "xla"."""
+  The other keywords are ``forgetting_attention``'s; ``impl`` must name a backend with pair
+  kernels (``Backend.pair_kernels``), or be "auto" (the first such backend of the table)."""
   del interpret, debug  # plain JAX kernels; value checks run on the global arrays (sharded.py)
-  if impl not in CONTEXT_PARALLEL_IMPLS:
-    raise ValueError(f"forgetting_attention: impl={impl!r} has no context-parallel path; use one of "
-                     f"{CONTEXT_PARALLEL_IMPLS} (the ring runs the xla blockwise kernels)")
-  _check_shapes(q, k, v, log_fgate, segment_ids)
+  check_shapes(q, k, v, log_fgate, segment_ids)
   n, local_len = axis_size, q.shape[1]
-  window = _check_window(window, n * local_len)
+  window = check_window(window, n * local_len)
+  pairs = resolve(impl, q.shape[-1], q.dtype, window, context_parallel=True).pair_kernels
   layout = _Balanced(n, axis_name) if window is None else _Contiguous(n, axis_name)
   if local_len % layout.chunks:
     raise ValueError(f"forgetting_attention: context parallelism over {n} devices needs the sequence "
@@ -105,7 +102,7 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
   c_parts = [decay.TwoFloat(*parts) for parts in zip(chunked(c.hi, "edge"), chunked(c.lo, "edge"))]
   id_parts = layout.split(ids)  # moved once, padded two ways
   steps = context_steps(window, n * local_len, n)
-  static = (axis_name, n, steps, float(sm_scale), sizes.block_q, sizes.block_k, window)
+  static = (axis_name, n, steps, float(sm_scale), sizes.block_q, sizes.block_k, window, pairs)
   o = _ring(chunked(q), chunked(k), chunked(v), c_parts, padded_parts(id_parts, _PAD_ROW_ID),
             padded_parts(id_parts, _PAD_COL_ID), layout.offsets(chunk_len), threshold, static)
   return layout.merge([jnp.swapaxes(part[:, :, :chunk_len], 1, 2) for part in o])
@@ -242,15 +239,15 @@ def _ring_scan(step, carry, visiting, static, home=None):
 
 
 def _forward_ring(q, k, v, c, seg_q, seg_k, offsets, thr, static):
-  sm_scale, bq, bk, window = static[3:]
+  sm_scale, bq, bk, window, pairs = static[3:]
   keys = (k, v, c, seg_k, offsets)
 
   def step(carry, visiting):
     o, lse = list(carry[0]), list(carry[1])
     k_in, v_in, c_in, seg_in, off_in = visiting
     for a, b in _pairs(q, k_in):
-      part = pair_forward(q[a], k_in[b], v_in[b], c[a], c_in[b], seg_q[a], seg_in[b], thr,
-                          (offsets[a], off_in[b]), sm_scale, bq, bk, window)
+      part = pairs.forward(q[a], k_in[b], v_in[b], c[a], c_in[b], seg_q[a], seg_in[b], thr,
+                           (offsets[a], off_in[b]), sm_scale, bq, bk, window)
       o[a], lse[a] = _merge(o[a], lse[a], *part)
     return (o, lse), visiting
 
@@ -274,7 +271,7 @@ def _ring_fwd(q, k, v, c, seg_q, seg_k, offsets, thr, static):
 
 def _ring_bwd(static, residuals, do):
   q, k, v, c, seg_q, seg_k, offsets, thr, o, lse = residuals
-  sm_scale, bq, bk, window = static[3:]
+  sm_scale, bq, bk, window, pairs = static[3:]
   do = [x.astype(q[0].dtype) for x in do]
   rows = lambda a: (q[a], c[a], seg_q[a])
 
@@ -288,7 +285,7 @@ def _ring_bwd(static, residuals, do):
     def row_step(delta, visiting):
       delta = list(delta)
       for a, b in _pairs(q, visiting[0]):
-        delta[a] = delta[a] + pair_row_term(*pair_args(a, b, visiting), do[a], lse[a], sm_scale, bq, bk, window)
+        delta[a] = delta[a] + pairs.row_term(*pair_args(a, b, visiting), do[a], lse[a], sm_scale, bq, bk, window)
       return delta, visiting
     delta = _ring_scan(row_step, [jnp.zeros(x.hi.shape, jnp.float32) for x in c], keys, static)
   else:
@@ -298,8 +295,8 @@ def _ring_bwd(static, residuals, do):
     dq, (dk, dv, dc) = list(dq), [list(x) for x in visiting[5:]]
     for a, b in _pairs(q, visiting[0]):
       args = pair_args(a, b, visiting) + (do[a], lse[a], delta[a], sm_scale, bq, bk, window)
-      dq[a] = dq[a] + pair_backward_dq(*args)
-      ddk, ddv, ddc = pair_backward_dkv(*args)
+      dq[a] = dq[a] + pairs.backward_dq(*args)
+      ddk, ddv, ddc = pairs.backward_dkv(*args)
       dk[b], dv[b], dc[b] = dk[b] + ddk, dv[b] + ddv, dc[b] + ddc
     return dq, visiting[:5] + (dk, dv, dc)
 

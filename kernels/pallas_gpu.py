@@ -37,6 +37,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from .backends import Backend, register_backend
+
 from .block_sizes import (BlockSizes, first_key_block_in_window, floor_div, heads_major, pad_seq,
                           padded_length, query_block_end_in_window, require_head_dim)
 from . import decay, row_term
@@ -381,3 +383,7 @@ def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
               heads_major(log_fgate, padded_len), heads_major(segment_ids, padded_len), thr2,
               (float(sm_scale), sizes, bool(interpret), prune, window))
   return o[:, :seq_len]
+
+
+register_backend(Backend("pallas", pallas_attention, platforms=("gpu",), interpretable=True,
+                         head_dims=SUPPORTED_HEAD_DIMS, dtypes=("bfloat16", "float16", "float32"), priority=20))

@@ -48,6 +48,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from . import decay, row_term
+from .backends import Backend, register_backend
 from .vjp import BackendKernels, differentiable
 from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, padded_length,
                           query_block_end_in_window, require_head_dim)
@@ -556,3 +557,10 @@ def pallas_tpu_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=
   o = _attention(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
                  prune_threshold, (float(sm_scale), sizes, interpret, window))
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]
+
+
+# Interpreted, each compile takes seconds and most of the suite's shapes fit in one of its
+# 128-wide tiles: it sits out the tests whose point is the tiling.
+register_backend(Backend("pallas_tpu", pallas_tpu_attention, platforms=("tpu",), interpretable=True,
+                         head_dims=SUPPORTED_HEAD_DIMS, priority=20,
+                         suite_skips={"small_tiles": "tests/kernels/test_pallas_tpu.py runs it at TPU-sized tiles"}))

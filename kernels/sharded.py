@@ -13,7 +13,8 @@ import functools
 import jax
 from jax.sharding import PartitionSpec as P
 
-from .api import check_values, forgetting_attention
+from .api import forgetting_attention
+from .checks import check_values
 from .context_parallel import ring_attention
 
 

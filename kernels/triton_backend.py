@@ -17,10 +17,12 @@ without a GPU.
 """
 
 import inspect
+import importlib.util
 
 import jax
 import jax.numpy as jnp
 
+from .backends import Backend, register_backend
 from .vjp import BackendKernels, differentiable
 from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
 from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, _decay_cumsum, _row_term_from_output, on_gpu
@@ -159,3 +161,9 @@ def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
                  thr.astype(jnp.float32), (float(sm_scale), sizes, prune, window))
   return o[:, :seq_len]
 
+
+# Compiled on NVIDIA GPUs only (no interpret mode), with jax-triton installed (Python >= 3.12);
+# off "auto" (no priority) until GPU figures say otherwise.
+register_backend(Backend("triton", triton_attention, platforms=("gpu",), head_dims=SUPPORTED_HEAD_DIMS,
+                         dtypes=("bfloat16", "float16", "float32"),
+                         available=lambda: importlib.util.find_spec("jax_triton") is not None))

@@ -35,6 +35,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import decay
+from .backends import Backend, PairKernels, register_backend
+
 from .block_sizes import BlockSizes, first_key_block_in_window, floor_div, heads_major, padded_length
 from .pruning import unless_skipped
 from . import row_term
@@ -271,3 +273,8 @@ def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, i
   o = _blockwise(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
                  prune_threshold, (float(sm_scale), bq, bk, window))
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]
+
+
+# Any platform, any head dim: the last fallback of "auto", and the context-parallel ring's pairs.
+register_backend(Backend("xla", xla_attention, priority=0,
+                         pair_kernels=PairKernels(pair_forward, pair_row_term, pair_backward_dq, pair_backward_dkv)))

@@ -15,8 +15,9 @@ from typing import ClassVar, Optional
 
 from lpcjax.errors import ConfigError
 
-__all__ = ["ConfigError", "DataConfig", "TrainConfig", "replace_fields", "require", "require_choice",
-           "field_types", "parse_value", "switch_class"]
+__all__ = ["ConfigError", "DataConfig", "ParameterGroup", "TrainConfig", "check_parameter_group",
+           "check_scale_rules", "field_types", "parse_value", "replace_fields", "require", "require_choice",
+           "switch_class"]
 
 
 def require(condition, field, message):
@@ -106,18 +107,6 @@ class TrainConfig:
   # Logical-axis rules as "logical=mesh_axis[+mesh_axis]" or "logical=none"; they replace the
   # matching entries of lpcjax.sharding.DEFAULT_RULES.
   logical_rules: tuple[str, ...] = ()
-  # Per-parameter learning-rate scales, "PATTERN=FACTOR": the updates of every parameter whose
-  # '/'-joined path (e.g. layers/controller/ratio_logit) contains PATTERN are multiplied by
-  # FACTOR (the first matching rule wins). For a few scalars that must cross their range within
-  # a short stage (LPC-SM's learned sparse ratio). Empty: the optimizer is exactly as before.
-  lr_scales: tuple[str, ...] = ()
-  # A second parameter group with its own optimizer settings (PMT's gates, pmt-spec.md §9): the
-  # parameters whose path contains one of these patterns get their own global-norm clip and
-  # Adam b2, and no weight decay, so the clipping of the large group never shrinks their small
-  # gradients. Empty: one group, the optimizer exactly as before.
-  gate_patterns: tuple[str, ...] = ()
-  gate_adam_b2: float = 0.95
-  gate_grad_clip: float = 100.0
 
   def __post_init__(self):
     require(self.steps >= 1, "train.steps", f"must be >= 1, got {self.steps}")
@@ -139,16 +128,49 @@ class TrainConfig:
       require(value == -1 or value >= 1, f"train.{name}", f"must be >= 1 or -1 (all remaining), got {value}")
     require(mesh.count(-1) <= 1, "train.mesh_data",
             "at most one mesh axis can be -1")
-    require(self.gate_grad_clip > 0 and 0 < self.gate_adam_b2 < 1, "train.gate_grad_clip",
-            "gate_grad_clip must be > 0 and gate_adam_b2 in (0, 1)")
-    require(all(self.gate_patterns), "train.gate_patterns", "an empty pattern would match every parameter")
-    for rule in self.lr_scales:
-      pattern, _, factor = rule.partition("=")
-      require(pattern and _is_positive_float(factor), "train.lr_scales",
-              f"expected 'PATTERN=FACTOR' with FACTOR > 0, got {rule!r}")
     for rule in self.logical_rules:
       require(rule.count("=") == 1 and rule.split("=")[0], "train.logical_rules",
               f"expected 'logical=mesh_axis[+mesh_axis]' or 'logical=none', got {rule!r}")
+
+  # What a family's optimizer adds to the shared AdamW (``lpcjax.training.make_optimizer``): a
+  # family that needs more declares a subclass with its own fields (``Family.train_config_cls``)
+  # and overrides these two. Nothing here: the optimizer of every other family stays exactly
+  # as it is (and so do the structures of their checkpointed optimizer states).
+  def parameter_groups(self):
+    """The ``ParameterGroup``s optimized apart from the rest (first match wins)."""
+    return ()
+
+  def lr_scale_rules(self):
+    """Per-parameter learning-rate scales as "PATTERN=FACTOR" (see ``check_scale_rules``)."""
+    return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterGroup:
+  """Parameters whose '/'-joined path (``layers/controller/ratio_logit``) contains one of
+  ``patterns``, with their own global-norm clip, Adam b2 and weight decay: a group of small
+  parameters whose small gradients the clipping of the large group would otherwise shrink."""
+
+  name: str
+  patterns: tuple[str, ...]
+  adam_b2: float
+  grad_clip: float
+  weight_decay: float = 0.0
+
+
+def check_parameter_group(patterns, adam_b2, grad_clip, prefix):
+  """The checks of a family's ``<prefix>_patterns``, ``<prefix>_adam_b2``, ``<prefix>_grad_clip``."""
+  require(grad_clip > 0 and 0 < adam_b2 < 1, f"train.{prefix}_grad_clip",
+          f"{prefix}_grad_clip must be > 0 and {prefix}_adam_b2 in (0, 1)")
+  require(all(patterns), f"train.{prefix}_patterns", "an empty pattern would match every parameter")
+
+
+def check_scale_rules(rules, field):
+  """Each rule is "PATTERN=FACTOR" with FACTOR > 0: the updates of every parameter whose path
+  contains PATTERN are multiplied by FACTOR (the first matching rule wins)."""
+  for rule in rules:
+    pattern, _, factor = rule.partition("=")
+    require(pattern and _is_positive_float(factor), field, f"expected 'PATTERN=FACTOR' with FACTOR > 0, got {rule!r}")
 
 
 def _is_positive_float(text):

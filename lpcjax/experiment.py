@@ -25,7 +25,7 @@ from lpcjax.data.mqar import MQARDataConfig
 # ConfigError, DataConfig and TrainConfig live in the schema (lpcjax.config); re-exported so an
 # experiment file needs one import.
 __all__ = ["ConfigError", "DataConfig", "ExperimentConfig", "TrainConfig", "apply_overrides", "from_dict",
-           "load_experiment", "switch_family", "switch_kind", "to_dict", "to_json"]
+           "load_experiment", "switch_family", "switch_kind", "to_dict", "to_json", "train_for"]
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
@@ -40,6 +40,8 @@ class ExperimentConfig:
     require(isinstance(self.data, DataConfig) and self.data.kind, "data",
             "must be a data config from lpcjax.data (one class per data.kind)")
     spec = models.get(family)
+    # A plain TrainConfig (what experiment files write) becomes the family's own train class.
+    object.__setattr__(self, "train", train_for(spec, self.train))
     require(self.data.kind in spec.data_kinds, "data.kind",
             f"the {family} family reads {' or '.join(spec.data_kinds)}, not {self.data.kind!r}")
     spec.check(self)
@@ -56,6 +58,21 @@ def switch_family(model_config, family_name):
 
 def switch_kind(data_config, kind):
   return switch_class(data_config, data.get(kind).config_cls)
+
+
+def train_for(family, train):
+  """``train`` as an instance of the family's train class (``Family.train_config_cls``), keeping
+  every field both classes have; a setting of another family's optimizer is an error, not
+  silently dropped."""
+  target = family.train_config_cls
+  require(isinstance(train, TrainConfig), "train", "must be a TrainConfig (lpcjax.config)")
+  if type(train) is target:
+    return train
+  names = {f.name for f in dataclasses.fields(target)}
+  for f in dataclasses.fields(train):
+    if f.name not in names and getattr(train, f.name) != f.default:
+      raise ConfigError(f"train.{f.name}: the {family.name} family's optimizer has no such setting")
+  return target(**{f.name: getattr(train, f.name) for f in dataclasses.fields(train) if f.name in names})
 
 
 def apply_overrides(config, overrides):
@@ -82,7 +99,8 @@ def apply_overrides(config, overrides):
     data = switch_kind(data, kind)
   model = replace_fields(model, sections["model"], "model")
   data = replace_fields(data, sections["data"], "data")
-  train = replace_fields(config.train, _fit_warmup(config.train, sections["train"]), "train")
+  train = train_for(models.get(model.family), config.train)  # the train.* fields the family has
+  train = replace_fields(train, _fit_warmup(train, sections["train"]), "train")
   return dataclasses.replace(config, model=model, data=data, train=train, **top)
 
 
@@ -94,7 +112,7 @@ def _fit_warmup(train, values):
     return values
   steps = values["steps"]
   if isinstance(steps, str):
-    steps = parse_value(steps, field_types(TrainConfig)["steps"], "train.steps")
+    steps = parse_value(steps, field_types(type(train))["steps"], "train.steps")
   if not 1 <= steps < train.warmup_steps:
     return values
   warmup = min(steps, round(train.warmup_steps * steps / train.steps))
@@ -135,9 +153,13 @@ def load_experiment(path_or_name, search_dir="configs"):
 
 
 def to_dict(config):
+  """The config as plain data, with the modules that registered its family and data kind
+  (``defined_in``), so that a fresh process can import a family defined outside the package."""
   out = dataclasses.asdict(config)
   out["model"] = {"family": config.model.family, **out["model"]}
   out["data"] = {"kind": config.data.kind, **out["data"]}
+  out["defined_in"] = {"model.family": models.source_of(config.model.family),
+                       "data.kind": data.source_of(config.data.kind)}
   return out
 
 
@@ -149,19 +171,29 @@ _FLAT_DATA_DEFAULTS = {"mqar_vocab_size": 8192, "mqar_num_pairs": 16, "mqar_gap_
                        "eval_tokens": None, "segment_ids": False, "window_stride": None}
 
 
+# Before a family's optimizer settings moved into its own train class (issue #33), every train
+# section held PMT's and LPC-SM's: a family without them drops these old defaults on load.
+_SHARED_TRAIN_DEFAULTS = {"lr_scales": [], "gate_patterns": [], "gate_adam_b2": 0.95, "gate_grad_clip": 100.0}
+
+
+def _drop_old_defaults(values, cls, old_defaults):
+  """``values`` without the keys ``cls`` lacks that hold their ``old_defaults``."""
+  known = field_types(cls)
+  return {k: v for k, v in values.items() if k in known or old_defaults.get(k, object()) != v}
+
+
 def from_dict(values):
-  """Rebuild an ExperimentConfig from ``to_dict`` output (e.g. a run's config.json)."""
+  """Rebuild an ExperimentConfig from ``to_dict`` output (e.g. a run's config.json). The
+  family and data kind are looked up by name, after importing the modules the config records
+  when they are not registered yet; the family upgrades what older versions saved."""
+  sources = values.get("defined_in", {})
+  family = models.get(values["model"]["family"], sources.get("model.family"))
+  values = family.upgrade_saved({**values, "model": dict(values["model"]), "data": dict(values["data"])})
   model_values, data_values = dict(values["model"]), dict(values["data"])
-  family = models.get(model_values.pop("family"))
-  if family.name == "sith":  # saved before SITH's blocks were scanned: their params are h_0, h_1, ...
-    model_values.setdefault("scan_layers", False)
-  if family.name == "lpcsm" and model_values.get("controller_temperature") == 1.0:
-    del model_values["controller_temperature"]  # removed (issue #21): it never moved the mask
-  kind = data.get(data_values.pop("kind", "mqar"))
-  data_fields = field_types(kind.config_cls)
-  for key in [k for k in data_values if k not in data_fields]:
-    if _FLAT_DATA_DEFAULTS.get(key, object()) == data_values[key]:
-      del data_values[key]
+  del model_values["family"]
+  kind = data.get(data_values.pop("kind", "mqar"), sources.get("data.kind"))
+  data_values = _drop_old_defaults(data_values, kind.config_cls, _FLAT_DATA_DEFAULTS)
+  train_values = _drop_old_defaults(values["train"], family.train_config_cls, _SHARED_TRAIN_DEFAULTS)
 
   def build(cls, raw, prefix):
     known = field_types(cls)
@@ -172,7 +204,7 @@ def from_dict(values):
 
   return ExperimentConfig(model=build(family.config_cls, model_values, "model"),
                           data=build(kind.config_cls, data_values, "data"),
-                          train=build(TrainConfig, values["train"], "train"),
+                          train=build(family.train_config_cls, train_values, "train"),
                           name=values.get("name", "experiment"))
 
 

@@ -74,8 +74,9 @@ def main(argv=None):
     if args.token_ids:
       prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]
     else:
-      rank_file = args.tokenizer_file or getattr(run.config.data, "tokenizer_file", None)
-      tokenizer = load_gpt2_tokenizer(rank_file)
+      # The run's resolved rank file (load_run applied --tokenizer-file); a kind without one
+      # (mqar) takes the flag's, else the default lookup.
+      tokenizer = load_gpt2_tokenizer(getattr(run.config.data, "tokenizer_file", args.tokenizer_file))
       texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
       prompts = [tokenizer.encode_ordinary(text) for text in texts]
     end_token = None if args.no_stop or tokenizer is None else tokenizer.eot_token

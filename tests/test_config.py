@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -82,3 +83,68 @@ def test_every_experiment_file_loads(repo_root):
 def test_missing_config_file():
   with pytest.raises(C.ConfigError, match="no such file"):
     C.load_experiment("does_not_exist")
+
+
+def test_the_shared_modules_know_no_family():
+  """TrainConfig holds nothing of one family, and no shared module names a family: each family's
+  optimizer settings and config upgrades are in its own module (Family.train_config_cls,
+  Family.upgrade_saved)."""
+  import dataclasses
+
+  from lpcjax import models
+  from lpcjax.config import TrainConfig
+  family_fields = {"lr_scales", "gate_patterns", "gate_adam_b2", "gate_grad_clip"}
+  assert not family_fields & {f.name for f in dataclasses.fields(TrainConfig)}
+  shared = [REPO / "lpcjax" / name for name in ("config.py", "experiment.py", "registry.py")]
+  shared += sorted((REPO / "lpcjax" / "training").glob("*.py"))
+  for path in shared:
+    text = path.read_text()
+    for name in models.names():
+      assert f'"{name}"' not in text and f"'{name}'" not in text, f"{path.name} names the {name} family"
+
+
+def test_a_family_owns_its_train_settings():
+  from lpcjax.models.pmt import PMTTrainConfig
+  pmt = C.load_experiment("pmt:tiny", str(REPO / "configs"))
+  assert isinstance(pmt.train, PMTTrainConfig) and pmt.train.gate_patterns
+  assert C.apply_overrides(pmt, ["train.gate_adam_b2=0.9"]).train.gate_adam_b2 == 0.9
+  assert C.from_dict(json.loads(C.to_json(pmt))) == pmt
+  with pytest.raises(C.ConfigError, match="train.gate_patterns: unknown key for train"):
+    C.apply_overrides(base(), ["train.gate_patterns=x"])
+  # A plain TrainConfig (an experiment file's) becomes the family's class; another family's
+  # setting is an error, not silently dropped.
+  assert isinstance(C.ExperimentConfig(model=pmt.model, data=pmt.data, train=C.TrainConfig()).train, PMTTrainConfig)
+  with pytest.raises(C.ConfigError, match="train.lr_scales: the fox family's optimizer has no such setting"):
+    C.ExperimentConfig(model=base().model, data=base().data, train=pmt.train)
+
+
+def test_old_config_json_still_loads():
+  """A config.json written before the families' train settings left TrainConfig (their old
+  defaults in every train section) and before runs recorded their family's module."""
+  values = json.loads(C.to_json(base()))
+  del values["defined_in"]
+  values["train"].update(lr_scales=[], gate_patterns=[], gate_adam_b2=0.95, gate_grad_clip=100.0)
+  assert C.from_dict(values) == base()
+  values["train"]["lr_scales"] = ["ratio_logit=10"]
+  with pytest.raises(C.ConfigError, match="train.lr_scales: unknown key in saved config"):
+    C.from_dict(values)
+
+
+def test_a_run_records_where_its_family_is_defined():
+  values = C.to_dict(base())
+  assert values["defined_in"]["model.family"]["module"] == "lpcjax.models.fox"
+  assert values["defined_in"]["data.kind"]["module"] == "lpcjax.data.mqar"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model.attention_impl=pallas", "model.head_dim=8"],
+     "model.attention_impl: impl='pallas' supports head_dim in (16, 32, 64, 128), got 8"),
+    (["model.attention_impl=pallas", "train.mesh_context=2"],
+     "model.attention_impl: impl='pallas' has no context-parallel path; backends with one: xla"),
+    (["model.attention_impl=triton", "model.dtype=bfloat16", "model.head_dim=12"], "impl='triton' supports head_dim"),
+])
+def test_the_backend_table_checks_the_config(overrides, message):
+  """What a backend cannot run is a one-line error when the config is built (kernels/backends.py)."""
+  with pytest.raises(C.ConfigError, match=re.escape(message)):
+    C.apply_overrides(base(), overrides)
+  assert C.apply_overrides(base(), ["model.attention_impl=xla", "train.mesh_context=2"]).model.attention_impl == "xla"

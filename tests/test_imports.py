@@ -107,3 +107,49 @@ def test_the_check_sees_a_cycle(tmp_path):
   assert imports_of("lpcjax.a", a, modules) == [("lpcjax.b", False)]
   assert imports_of("lpcjax.b", b, modules) == [("lpcjax.a", True)]
   assert find_cycles(graph_of(modules)) == [["lpcjax.a", "lpcjax.b"]]
+
+
+# The floors of docs/layout.md, ground floor first: a module imports only modules of its own
+# floor or below. The most specific prefix names a module's floor (lpcjax.evaluation.runner
+# sits above the evaluators of its package).
+FLOORS = {
+    "lpcjax": 1, "lpcjax.errors": 1, "lpcjax.config": 1, "lpcjax.cli": 1, "lpcjax.files": 1,
+    "lpcjax.interrupts": 1, "lpcjax.registry": 1,
+    "lpcjax.kernels": 2,
+    "lpcjax.sharding": 3, "lpcjax.layers": 3,
+    "lpcjax.data": 4,
+    "lpcjax.losses": 5, "lpcjax.decoding": 5, "lpcjax.evaluation": 5,
+    "lpcjax.models": 6,
+    "lpcjax.experiment": 7, "lpcjax.paper_recipe": 7,
+    "lpcjax.training": 8,
+    "lpcjax.evaluation.runner": 9, "lpcjax.convert": 9,
+    "lpcjax.generate": 10, "lpcjax.convert.__main__": 10, "lpcjax.data.__main__": 10,
+}
+
+
+def floor_of(module):
+  prefixes = [p for p in FLOORS if module == p or module.startswith(p + ".")]
+  return FLOORS[max(prefixes, key=len)]
+
+
+def test_imports_run_down_the_floors():
+  """No module imports one on a higher floor (docs/layout.md), deferred imports included."""
+  modules = module_files()
+  upward = [(name, target) for name, path in sorted(modules.items())
+            for target, _ in imports_of(name, path, modules)
+            if floor_of(target) > floor_of(name) and (name, target) not in OPTIONAL]
+  assert not upward, f"imports that run up the floors of docs/layout.md: {upward}"
+
+
+def test_every_module_has_a_floor():
+  assert all(floor_of(name) for name in module_files())
+
+
+def test_the_floors_check_sees_an_upward_import(tmp_path):
+  """A layer importing a family runs up the floors; the runner sits above its package's evaluators."""
+  layer = tmp_path / "layer.py"
+  layer.write_text("from lpcjax.models import fox\n")
+  modules = {"lpcjax.layers.layer": layer, "lpcjax.models.fox": tmp_path / "fox.py"}
+  (target, _), = imports_of("lpcjax.layers.layer", layer, modules)
+  assert floor_of(target) > floor_of("lpcjax.layers.layer")
+  assert floor_of("lpcjax.evaluation.runner") > floor_of("lpcjax.training") > floor_of("lpcjax.evaluation.series")

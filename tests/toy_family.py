@@ -4,7 +4,9 @@ train.py and eval.py through its declarations alone (docs/adding_a_family.md).
 * data kind ``toy_series``: a finite set of float series [T, C] whose class sets the frequency;
 * family ``toy_classifier``: Dense -> BatchNorm -> ReLU -> Dropout -> mean over time -> Dense;
   BatchNorm statistics are a mutable collection, dropout draws from the step's rng;
-* its evaluator: accuracy and a confusion matrix over the evaluation set, JSON and a PNG.
+* its evaluator: accuracy and a confusion matrix over the evaluation set, JSON and a PNG;
+* family ``toy_lm``: a language model (the zoo's decoder under another name) that decodes, so
+  that ``python -m lpcjax.generate`` is tested on a family from outside the package too.
 """
 
 import dataclasses
@@ -19,6 +21,8 @@ import optax
 
 from lpcjax import data, models
 from lpcjax.config import DataConfig, TrainConfig, require
+from lpcjax.data import MQARDataConfig
+from lpcjax.models.decoder import init_cache
 from lpcjax.experiment import ExperimentConfig
 from lpcjax.files import write_json_atomic
 
@@ -122,6 +126,11 @@ class ToyEvaluator:
     return [f"{result['label']}: accuracy {result['accuracy']:.3f} over {result['examples']} examples"]
 
 
+@dataclasses.dataclass(frozen=True)
+class ToyLMConfig(models.FoXConfig):
+  family: ClassVar[str] = "toy_lm"
+
+
 def register():
   """Idempotent: the test module and experiment files both call it."""
   if "toy_series" not in data.names():
@@ -133,6 +142,11 @@ def register():
         data_kinds=("toy_series",), check=lambda config: None, mutable=("batch_stats",),
         rng_streams=("dropout",), throughput_unit="samples", units_per_example=lambda config: 1,
         evaluator=ToyEvaluator))
+  if "toy_lm" not in models.names():
+    models.register(models.language_model_family("toy_lm", ToyLMConfig, models.DecoderLM, init_cache=init_cache))
+
+
+register()  # at import: a run records this module, and a fresh eval.py imports it to find the family
 
 
 def experiment(run_dir, **train_fields):
@@ -140,3 +154,11 @@ def experiment(run_dir, **train_fields):
   train = TrainConfig(**{"steps": 8, "learning_rate": 1e-2, "warmup_steps": 1, "log_every": 1, "eval_batches": 0,
                          "run_dir": str(run_dir), **train_fields})
   return ExperimentConfig(model=ToyClassifierConfig(), data=ToySeriesConfig(), train=train, name="toy")
+
+
+def lm_experiment(run_dir):
+  register()
+  model = ToyLMConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=2, mlp_multiple_of=32)
+  train = TrainConfig(steps=1, warmup_steps=0, eval_batches=1, run_dir=str(run_dir))
+  return ExperimentConfig(model=model, data=MQARDataConfig(seq_len=16, batch_size=8, mqar_vocab_size=64,
+                                                           mqar_num_pairs=2), train=train, name="toy_lm")

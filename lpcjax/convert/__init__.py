@@ -44,7 +44,7 @@ from lpcjax.evaluation.runner import load_run
 from lpcjax.files import write_json_atomic
 from lpcjax.layers.common import dtype_of, num_params
 from lpcjax.training.checkpoint import Checkpointer
-from lpcjax.training.runs import read_config as read_run_config
+from lpcjax.training.run_directory import read_config as read_run_config
 from lpcjax.training.steps import TrainState, make_optimizer
 
 from . import formats, weights

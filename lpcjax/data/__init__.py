@@ -15,18 +15,18 @@ from .recall_tasks import (TASK_KINDS, DelayedIdConfig, FuzzyRecallConfig, Noisy
                            SelectiveCopyConfig)
 from .pipeline import PaddedEvalSource, make_dataset, make_iterator, make_source
 from .prepare import load_token_file, prepare
-from .registry import DataKind, get, names, register
+from .registry import DataKind, get, names, register, source_of
 from .series import SeriesDataConfig, SeriesSource, read_series
 from .subsets import stratified_subset
 from .text import tokenize_files
 from .tokenizer import TokenizerError, load_gpt2_tokenizer
 from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource,
-                      with_recorded_tokenizer)
+                      with_tokenizer)
 
 __all__ = ["DataError", "DataKind", "DelayedIdConfig", "FuzzyRecallConfig", "GeneratedConfig",
            "GeneratedSource", "MQARDataConfig", "MQARSource", "NoisyRecallConfig", "OverwriteConfig",
            "PaddedEvalSource", "SelectiveCopyConfig", "SeriesDataConfig", "SeriesSource", "TASK_KINDS",
            "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource", "TokenizerError",
            "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator", "make_source",
-           "mqar_example", "names", "prepare", "read_series", "register", "stratified_subset",
-           "tokenize_files", "with_recorded_tokenizer"]
+           "mqar_example", "names", "prepare", "read_series", "register", "source_of", "stratified_subset",
+           "tokenize_files", "with_tokenizer"]

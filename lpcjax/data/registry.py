@@ -10,7 +10,7 @@ the evaluation set. A family lists the kinds it reads (``Family.data_kinds``).
 import dataclasses
 from typing import Callable
 
-from lpcjax.registry import Registry
+from lpcjax.registry import Registry, caller_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,10 +25,10 @@ class DataKind:
 
 
 _KINDS = Registry("data.kind", "kind")
-get, names = _KINDS.get, _KINDS.names
+get, names, source_of = _KINDS.get, _KINDS.names, _KINDS.source_of
 
 
 def register(kind):
   if kind.config_cls.kind != kind.name:
     raise ValueError(f"data kind {kind.name!r}: its config class says kind={kind.config_cls.kind!r}")
-  return _KINDS.register(kind.name, kind)
+  return _KINDS.register(kind.name, kind, caller_source())

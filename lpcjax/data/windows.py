@@ -8,6 +8,7 @@ Window i of the token stream is tokens[i*S : i*S + T + 1] (stride S, default T);
 
 import dataclasses
 import json
+import os
 from typing import ClassVar, Optional
 
 import numpy as np
@@ -18,7 +19,7 @@ from .errors import DataError
 from .prepare import load_token_file, read_documents, tokenizer_hash
 from .registry import DataKind, register
 from .text import tokenize_files
-from .tokenizer import load_gpt2_tokenizer, rank_file_in_use
+from .tokenizer import ENV_VAR, load_gpt2_tokenizer, rank_file_in_use
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -90,14 +91,21 @@ class TokenFileConfig(TokenWindowConfig):
       raise DataError(f"tokenizer mismatch: {self.evaluation_tokens} was prepared with another tokenizer")
 
 
-def with_recorded_tokenizer(data):
-  """``data`` with ``tokenizer_file`` set to the rank file it uses, as an absolute path: its own,
-  else $LPCJAX_TIKTOKEN_FILE, else (token files) the one ``python -m lpcjax.data`` recorded. A
-  run saves it in config.json, so eval.py and generate find the tokenizer offline. Other data
-  kinds have no tokenizer and come back as they are."""
+def with_tokenizer(data, tokenizer_file=None, saved=False):
+  """``data`` with ``tokenizer_file`` set to the rank file its tokenizer is read from, as an
+  absolute path; the one rule of every command (train.py, eval.py, generate): ``tokenizer_file``
+  (a command's --tokenizer-file), else the config's own, else $LPCJAX_TIKTOKEN_FILE, else (token
+  files) the one ``python -m lpcjax.data`` recorded; None: tiktoken's download. ``saved``: the
+  config comes from a run directory, maybe written on another machine, so a recorded file that
+  is gone gives way to $LPCJAX_TIKTOKEN_FILE. A run saves the result in config.json, so eval.py
+  and generate find the tokenizer offline. Other data kinds have no tokenizer and come back as
+  they are."""
   if not isinstance(data, TokenWindowConfig):
     return data
-  rank_file = rank_file_in_use(data.tokenizer_file)
+  chosen = tokenizer_file or data.tokenizer_file
+  if saved and not tokenizer_file and chosen and not os.path.isfile(chosen) and os.environ.get(ENV_VAR):
+    chosen = None
+  rank_file = rank_file_in_use(chosen)
   if rank_file is None and isinstance(data, TokenFileConfig) and data.train_tokens:
     try:  # only a hint: a missing or older token file fails later, where it is read
       with open(f"{data.train_tokens}.json") as f:

@@ -1,82 +1,23 @@
-"""Evaluate run directories: rebuild a trained model from its run directory alone (config.json +
-a checkpoint) and run its family's evaluator.
+"""Evaluate run directories: run a trained run's family's evaluator.
 
-This module sits above the families and the trainer's run-directory reader (it looks the family
-up by the run's config); the evaluators themselves (``lpcjax.evaluation``) sit below the families
-that name them, and are handed a ``LoadedRun``.
+This module sits above the families and the run directory (``lpcjax.training.run_directory``,
+which loads a run: ``load_run``, re-exported here); the evaluators themselves
+(``lpcjax.evaluation``) sit below the families that name them, and are handed a ``LoadedRun``.
 """
 
 import argparse
-import dataclasses
-import os
-
-import flax.linen as nn
-import jax
 
 from lpcjax import models
-from lpcjax.data import with_recorded_tokenizer
-from lpcjax.data.tokenizer import ENV_VAR
-from lpcjax.sharding import make_mesh, rules_from_config
-from lpcjax.training.runs import RunError, read_config, restore_state
+from lpcjax.training.run_directory import LoadedRun, RunError, load_run, read_config
 
-__all__ = ["LoadedRun", "RunError", "evaluate_run", "evaluator_options", "evaluators_of", "load_run"]
+__all__ = ["LoadedRun", "RunError", "evaluate_run", "evaluator_options", "evaluators_of", "load_run", "read_config"]
 
 
-@dataclasses.dataclass(frozen=True)
-class LoadedRun:
-  """What an evaluator gets: the run's config, family and model, its restored params and
-  mutable collections (sharded on ``mesh`` by ``rules``)."""
-
-  run_dir: str
-  config: object
-  family: object
-  model: object
-  params: object
-  mutable: dict
-  mesh: object
-  rules: tuple
-  step: int
-
-  @property
-  def variables(self):
-    """The dict ``model.apply`` takes: params and the mutable collections."""
-    return {"params": self.params, **self.mutable}
-
-
-def with_tokenizer(config, tokenizer_file=None):
-  """``config`` with the tokenizer its evaluation and generation use: ``tokenizer_file`` (a
-  command's --tokenizer-file) over the run's recorded one; a recorded file that is gone (the run
-  came from another machine) gives way to $LPCJAX_TIKTOKEN_FILE; a run that recorded none, to
-  what ``with_recorded_tokenizer`` finds. Data kinds without a tokenizer are left as they are."""
-  data = config.data
-  if not hasattr(data, "tokenizer_file"):
-    return config
-  chosen = tokenizer_file or data.tokenizer_file
-  if not tokenizer_file and chosen and not os.path.isfile(chosen) and os.environ.get(ENV_VAR):
-    chosen = None
-  data = with_recorded_tokenizer(dataclasses.replace(data, tokenizer_file=chosen))
-  return dataclasses.replace(config, data=data)
-
-
-def load_run(run_dir, mesh=None, step=None, tokenizer_file=None):
-  """A LoadedRun of ``run_dir``'s checkpoint ``step`` (default: the latest), restored onto
-  ``mesh`` (default: every local device on the data axis) under the run's logical rules;
-  ``tokenizer_file`` replaces the run's recorded rank file (see ``with_tokenizer``)."""
-  config = read_config(run_dir)
-  if mesh is None:
-    mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1,
-                                                         mesh_context=1, mesh_tensor=1))
-  rules = rules_from_config(config.train)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    config, family, model, state = restore_state(run_dir, mesh, rules, step)
-  config = with_tokenizer(config, tokenizer_file)
-  return LoadedRun(run_dir, config, family, model, state.params, state.mutable, mesh, rules, int(state.step))
-
-
-def evaluators_of(run_dirs):
-  """Each run's evaluator (its family's); compared runs need evaluators of one kind (class),
-  whose options and plots they share (sith and fox runs: both language-model evaluators)."""
-  families = [models.get(read_config(run_dir).model.family) for run_dir in run_dirs]
+def evaluators_of(configs):
+  """Each run's evaluator (its family's), from the runs' configs (``read_config``); compared
+  runs need evaluators of one kind (class), whose options and plots they share (sith and fox
+  runs: both language-model evaluators)."""
+  families = [models.get(config.model.family) for config in configs]
   evaluators = [family.evaluator() for family in families]
   if len({type(evaluator) for evaluator in evaluators}) > 1:
     raise RunError(f"cannot compare runs evaluated differently: families {sorted({f.name for f in families})}")
@@ -98,5 +39,6 @@ def evaluator_options(evaluator, **overrides):
 
 def evaluate_run(run_dir, **overrides):
   """Load ``run_dir`` and run its family's evaluator (options as in ``evaluator_options``)."""
-  (evaluator,) = evaluators_of([run_dir])
-  return evaluator.evaluate(load_run(run_dir), evaluator_options(evaluator, **overrides))
+  config = read_config(run_dir)
+  (evaluator,) = evaluators_of([config])
+  return evaluator.evaluate(load_run(run_dir, config=config), evaluator_options(evaluator, **overrides))

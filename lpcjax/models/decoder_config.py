@@ -12,6 +12,7 @@ from typing import Optional
 import jax
 
 from lpcjax.config import require, require_choice
+from lpcjax.kernels import unsupported
 from lpcjax.layers.common import DTYPES
 from lpcjax.layers.forget_gate import GateConfig
 
@@ -21,6 +22,16 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
+
+
+def check_attention_impl(model, context_parallel=False):
+  """``model.attention_impl`` against the kernel backends' declared support (head dim, compute
+  dtype, window; with ``context_parallel``, the ring's pair kernels): a one-line ConfigError
+  when the config is built, not a traceback when the model is traced. Not the platform: a
+  config may be written on one machine for another."""
+  problem = unsupported(model.attention_impl, head_dim=model.resolved_head_dim, dtype=model.dtype,
+                        window=model.attention_window, context_parallel=context_parallel)
+  require(problem is None, "model.attention_impl", problem)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,8 +12,9 @@ from typing import Callable, Optional
 
 import jax
 
+from lpcjax.config import TrainConfig
 from lpcjax.evaluation.protocol import Evaluator
-from lpcjax.registry import Registry
+from lpcjax.registry import Registry, caller_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,12 @@ class Family:
     "context" axis (``train.mesh_context``): every op that mixes positions is either attention
     (context-parallel) or partitioned correctly by GSPMD without gathering the sequence. A
     recurrence along the sequence (a scan) is not, so such families say False.
+  * ``train_config_cls``: the class of the ``train`` section, ``TrainConfig`` or a subclass
+    adding the family's optimizer settings (parameter groups, per-parameter learning-rate
+    scales: ``TrainConfig.parameter_groups`` and ``lr_scale_rules``), so that the shared
+    ``TrainConfig`` holds nothing of one family.
+  * ``upgrade_saved(values) -> values``: a config.json written by an older lpcjax (a dict with
+    ``model``, ``data``, ``train``) brought to the current fields, so that old runs still load.
   """
 
   name: str
@@ -56,6 +63,8 @@ class Family:
   units_per_example: Callable = lambda config: 1
   init_cache: Optional[Callable] = None
   context_parallel: bool = False
+  train_config_cls: type = TrainConfig
+  upgrade_saved: Callable[[dict], dict] = lambda values: values
 
   def build(self, config):
     if not isinstance(config, self.config_cls):
@@ -74,8 +83,10 @@ class Family:
 
 
 _FAMILIES = Registry("model.family", "model family")
-get, names = _FAMILIES.get, _FAMILIES.names
+get, names, source_of = _FAMILIES.get, _FAMILIES.names, _FAMILIES.source_of
 
 
 def register(family):
-  return _FAMILIES.register(family.name, family)
+  """Add ``family`` to the table, remembering the calling module: runs record it, so that a
+  fresh eval.py imports a family defined outside the package (``get(name, source)``)."""
+  return _FAMILIES.register(family.name, family, caller_source())

@@ -6,13 +6,12 @@ import dataclasses
 from typing import ClassVar, Optional
 
 from lpcjax.config import require, require_choice
-from lpcjax.kernels import available_impls
 from lpcjax.layers.attention import AttentionConfig
 from lpcjax.layers.forget_gate import GATE_VARIANTS
 from lpcjax.layers.mlp import MLPConfig, swiglu_hidden_size
 
 from .decoder import DecoderLM, init_cache
-from .decoder_config import DecoderConfig, GateFields
+from .decoder_config import DecoderConfig, GateFields, check_attention_impl
 from .family import register
 from .language_model import language_model_family
 
@@ -55,7 +54,7 @@ class TransformerConfig(DecoderConfig):
     require(self.mlp_ratio is None or self.mlp_ratio > 0, "model.mlp_ratio", "must be > 0")
     require(self.attention_window is None or self.attention_window >= 1, "model.attention_window",
             f"must be >= 1 or None, got {self.attention_window}")
-    require_choice(self.attention_impl, "model.attention_impl", set(available_impls()))
+    check_attention_impl(self)
 
   def describe(self):
     """A short label for plots and reports."""

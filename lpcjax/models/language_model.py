@@ -9,6 +9,7 @@ from lpcjax.data import TASK_KINDS
 from lpcjax.evaluation.language_model import LanguageModelEvaluator
 from lpcjax.losses import lm_loss
 
+from .decoder_config import check_attention_impl
 from .family import Family
 
 LM_DATA_KINDS = (*TASK_KINDS, "text", "tokens")
@@ -26,6 +27,15 @@ def check_vocab(config):
           f"{config.model.vocab_size} is smaller than the {config.data.kind} data's {data_vocab} tokens")
 
 
+def check_language_model(config):
+  """The vocabulary check, and where the model has an attention backend, whether it can run
+  with the sequence split over the mesh (``train.mesh_context``), which only the experiment
+  knows."""
+  check_vocab(config)
+  if hasattr(config.model, "attention_impl"):
+    check_attention_impl(config.model, context_parallel=config.train.mesh_context != 1)
+
+
 def language_model_evaluator(sequence_logits=None):
   """The evaluator factory of a language-model family; ``sequence_logits`` replaces the plain
   forward pass for models that read fixed windows (see LanguageModelEvaluator)."""
@@ -36,7 +46,7 @@ def language_model_evaluator(sequence_logits=None):
 
 def language_model_family(name, config_cls, module_cls, **fields):
   """A Family that reads tokens and predicts the next one; throughput counts tokens."""
-  defaults = dict(loss=lm_loss, example_inputs=token_inputs, data_kinds=LM_DATA_KINDS, check=check_vocab,
+  defaults = dict(loss=lm_loss, example_inputs=token_inputs, data_kinds=LM_DATA_KINDS, check=check_language_model,
                   evaluator=language_model_evaluator(), throughput_unit="tokens",
                   units_per_example=lambda config: config.data.seq_len)
   return Family(name, config_cls, module_cls, **{**defaults, **fields})

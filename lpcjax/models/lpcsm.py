@@ -32,8 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lpcjax.config import require, require_choice
-from lpcjax.kernels import available_impls
+from lpcjax.config import TrainConfig, check_scale_rules, require, require_choice
 from lpcjax.layers.attention import AttentionConfig, ForgettingAttention, init_window_cache
 from lpcjax.layers.common import Projection, RMSNorm, TokenEmbed, constant_init, dtype_of, normal_init
 from lpcjax.layers.controller import ControllerConfig, SparseController, initial_stats
@@ -43,7 +42,7 @@ from lpcjax.layers.mlp import MLPConfig, SwiGLU, swiglu_hidden_size
 from lpcjax.losses import masked_cross_entropy, scored_positions
 
 from .decoder import EMBED, lm_head, rematted, scanned_layers
-from .decoder_config import DecoderConfig, GateFields
+from .decoder_config import DecoderConfig, GateFields, check_attention_impl
 from .family import register
 from .language_model import check_vocab, language_model_evaluator, language_model_family
 
@@ -158,7 +157,7 @@ class LPCSMConfig(GateFields, DecoderConfig):
       require(0 < getattr(self, name) < 1, f"model.{name}", "must be in (0, 1)")
     require(0 <= self.resolved_stop_token < self.vocab_size, "model.stop_token",
             f"{self.stop_token} is not a token of the {self.vocab_size}-token vocabulary")
-    require_choice(self.attention_impl, "model.attention_impl", set(available_impls()))
+    check_attention_impl(self)
 
     require_choice(self.position_embedding, "model.position_embedding", {"sinusoidal", "none"})
     require_choice(self.controller_score, "model.controller_score", {"learned", "affine"})
@@ -383,5 +382,32 @@ def check_lpcsm(config):
           "lpcsm's chunked memories do not restart at document boundaries; set data.segment_ids=false")
 
 
+@dataclasses.dataclass(frozen=True)
+class LPCSMTrainConfig(TrainConfig):
+  """The trainer's settings plus LPC-SM's per-parameter learning-rate scales."""
+
+  # "PATTERN=FACTOR": the updates of every parameter whose '/'-joined path (e.g.
+  # layers/controller/ratio_logit) contains PATTERN are multiplied by FACTOR (the first matching
+  # rule wins): the controller's learned sparse ratio must cross its range within a short stage.
+  # Empty: the optimizer is exactly the shared one.
+  lr_scales: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_scale_rules(self.lr_scales, "train.lr_scales")
+
+  def lr_scale_rules(self):
+    return self.lr_scales
+
+
+def upgrade_saved_lpcsm(values):
+  """A config.json of an older lpcjax: ``model.controller_temperature`` was removed (issue #21:
+  it never moved the mask); its old default is dropped, any other value stays (and fails)."""
+  if values["model"].get("controller_temperature") == 1.0:
+    values = {**values, "model": {k: v for k, v in values["model"].items() if k != "controller_temperature"}}
+  return values
+
+
 register(language_model_family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm,
-                               evaluator=language_model_evaluator(chunk_padded_logits)))
+                               evaluator=language_model_evaluator(chunk_padded_logits),
+                               train_config_cls=LPCSMTrainConfig, upgrade_saved=upgrade_saved_lpcsm))

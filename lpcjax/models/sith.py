@@ -176,6 +176,13 @@ def check_sith(config):
 
 # lm_loss scores the last m targets of each window, the positions the model predicts.
 # Throughput counts the m predicted tokens of each window, not the H history tokens read with them.
+def upgrade_saved_sith(values):
+  """A config.json saved before SITH's blocks were scanned has no ``scan_layers``: its params
+  are h_0, h_1, ..., which only the unscanned stack reads."""
+  return {**values, "model": {"scan_layers": False, **values["model"]}}
+
+
 register(language_model_family("sith", SITHConfig, SITHLM, check=check_sith,
                                evaluator=language_model_evaluator(windowed_logits),
-                               units_per_example=lambda config: config.model.chunk_len))
+                               units_per_example=lambda config: config.model.chunk_len,
+                               upgrade_saved=upgrade_saved_sith))

@@ -142,6 +142,23 @@ class Checkpointer:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     return target.replace(**self.manager.restore(step, args=ocp.args.Composite(**items))["state"])
 
+  def restore_variables(self, params, mutable, shardings, step=None):
+    """(params, mutable collections) of checkpoint ``step`` (default: the latest) into
+    ``shardings`` (a (params, mutable) pair), and nothing else: not the optimizer state, whose
+    Adam moments would be two more copies of the parameters in memory (evaluation, generation
+    and ``train.init_from`` need none; MaxText's load_parameters_path). Reads every checkpoint
+    that holds a full state, old ones included."""
+    step = self.latest_step() if step is None else step
+    abstract = {"params": params, **({"mutable": mutable} if mutable else {})}
+    wanted = {"params": shardings[0], **({"mutable": shardings[1]} if mutable else {})}
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, wanted)
+    self._check_tree(step, target)
+    restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                     partial_restore=True)
+    with ocp.PyTreeCheckpointer() as reader:
+      restored = reader.restore(epath.Path(self.manager.directory) / str(step) / "state", args=restore)
+    return restored["params"], restored.get("mutable", {})
+
   def _check_tree(self, step, wanted):
     """TreeMismatchError before any array is read: a restore that fails half-way leaves Orbax's
     TensorStore reads running against a closed event loop, and their errors surface later, in
@@ -153,7 +170,10 @@ class Checkpointer:
       return
     finally:
       handler.close()
-    mismatch = compare_trees(getattr(saved, "tree", saved), wanted)
+    saved = getattr(saved, "tree", saved)
+    if set(wanted) < set(saved):  # a partial restore: only the parts it reads are compared
+      saved = {key: saved[key] for key in wanted}
+    mismatch = compare_trees(saved, wanted)
     if mismatch:
       raise TreeMismatchError(mismatch)
 

@@ -39,8 +39,8 @@ from lpcjax.sharding import check_divisible, context_ways, make_mesh, rules_from
 
 from .checkpoint import Checkpointer
 from .run_directory import RunExistsError  # noqa: F401  (re-exported: train() raises it)
-from .run_directory import MetricsLog, check_resumable, metric_means, open_run_directory
-from .runs import check_same_structure, num_params, parse_run_spec, restore_checked, restore_state
+from .run_directory import (MetricsLog, check_resumable, check_same_structure, metric_means, num_params,
+                            open_run_directory, parse_run_spec, restore_checked, restore_variables)
 from .stopping import TrainingError  # noqa: F401  (re-exported: train() raises it)
 from .stopping import NonfiniteGuard, stop_agreed, stop_requests
 from .steps import create_train_state, eval_step, make_optimizer, state_shardings, step_rng, train_step
@@ -141,11 +141,11 @@ def weights_from_run(spec, abstract, shardings, mesh, rules):
   """(params, mutable collections) of another run's checkpoint (``train.init_from``), checked
   against this model's and placed into this run's shardings."""
   run_dir, step = parse_run_spec(spec)
-  _, _, _, other = restore_state(run_dir, mesh, rules, step)
-  where = f"{run_dir} (step {int(other.step)})"
-  check_same_structure(abstract.params, other.params, where)
-  check_same_structure(abstract.mutable, other.mutable, where)
-  return jax.device_put((other.params, other.mutable), (shardings.params, shardings.mutable))
+  _, _, _, params, mutable, step = restore_variables(run_dir, mesh, rules, step)
+  where = f"{run_dir} (step {step})"
+  check_same_structure(abstract.params, params, where)
+  check_same_structure(abstract.mutable, mutable, where)
+  return jax.device_put((params, mutable), (shardings.params, shardings.mutable))
 
 
 def initial_state(family, model, config, run_dir, start, data, checkpointer, abstract, shardings, optimizer,

@@ -1,17 +1,170 @@
-"""A run directory as the trainer opens and writes it: created or resumed (with the checks that
-make a resume safe), and its metrics log (metrics.jsonl, TensorBoard)."""
+"""A run directory, the one module that reads and writes one: its config.json (read once per
+command), its checkpointed state read back (whole, to resume; params and mutable collections
+only, to evaluate, generate and start from its weights with ``train.init_from``), a run loaded
+for evaluation and generation (``load_run``), and the trainer's side: created or resumed (with
+the checks that make a resume safe), and its metrics log (metrics.jsonl, TensorBoard).
+"""
 
+import dataclasses
 import json
 import os
 import time
 
+import flax.linen as nn
 import jax
 
-from lpcjax import experiment
+from lpcjax import experiment, models
+from lpcjax.config import ConfigError
+from lpcjax.data import with_tokenizer
 from lpcjax.errors import UserError
+from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
+from lpcjax.sharding import make_mesh, rules_from_config
 
-from .checkpoint import latest_checkpoint_step
-from .runs import RunError, read_config
+from .checkpoint import Checkpointer, TreeMismatchError, has_checkpoint, latest_checkpoint_step, tree_mismatch
+from .steps import make_optimizer, state_shardings, variable_shardings
+
+
+class RunError(UserError, ValueError):
+  """A run directory that cannot be read: no config.json, no checkpoint, no such step."""
+
+
+def read_config(run_dir):
+  """The ExperimentConfig saved in ``run_dir``/config.json."""
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isfile(path):
+    raise RunError(f"{run_dir}: no config.json, not a run directory")
+  with open(path) as f:
+    return experiment.from_dict(json.load(f))
+
+
+def _restore(run_dir, config, step, read):
+  """``read(checkpointer, family, model, step)`` on ``run_dir``'s checkpoint ``step`` (default:
+  the latest), with the one-line errors of a missing checkpoint or step."""
+  if not has_checkpoint(run_dir):
+    raise RunError(f"{run_dir}: no checkpoint (has the run saved one?)")
+  family = models.get(config.model.family)
+  model = family.build(config.model)
+  checkpointer = Checkpointer(run_dir)
+  try:
+    steps = checkpointer.all_steps()
+    if step is not None and step not in steps:
+      raise RunError(f"{run_dir}: no checkpoint at step {step}; it has {', '.join(map(str, steps))}")
+    return family, model, read(checkpointer, family, model, steps[-1] if step is None else step)
+  finally:
+    checkpointer.close()
+
+
+def restore_state(run_dir, mesh, rules, step=None, config=None):
+  """(config, family, model, TrainState) of ``run_dir``'s checkpoint ``step`` (default: the
+  latest), restored into the shardings its logical names get under ``rules`` on ``mesh``.
+  ``config``: the run's, when already read. Call under ``jax.set_mesh(mesh)`` and
+  ``nn.logical_axis_rules(rules)``."""
+  config = read_config(run_dir) if config is None else config
+
+  def read(checkpointer, family, model, step):
+    abstract, shardings = state_shardings(family, model, config, make_optimizer(config.train), mesh, rules)
+    return restore_checked(checkpointer, run_dir, abstract, shardings, step=step)
+
+  family, model, state = _restore(run_dir, config, step, read)
+  return config, family, model, state
+
+
+def restore_variables(run_dir, mesh, rules, step=None, config=None):
+  """(config, family, model, params, mutable collections, step) of ``run_dir``'s checkpoint
+  ``step`` (default: the latest), without the optimizer state (``Checkpointer.restore_variables``):
+  evaluation, generation and ``train.init_from``. Arguments as ``restore_state``."""
+  config = read_config(run_dir) if config is None else config
+
+  def read(checkpointer, family, model, step):
+    (params, mutable), shardings = variable_shardings(family, model, config, mesh, rules)
+    return restore_checked(checkpointer, run_dir, params, mutable, shardings, step=step, variables_only=True), step
+
+  family, model, ((params, mutable), step) = _restore(run_dir, config, step, read)
+  return config, family, model, params, mutable, step
+
+
+def restore_checked(checkpointer, run_dir, *args, variables_only=False, **kwargs):
+  """``checkpointer.restore(*args, **kwargs)`` (``restore_variables`` when ``variables_only``),
+  with a one-line RunError when the checkpoint's tree does not match the model's (see
+  ``tree_mismatch``)."""
+  restore = checkpointer.restore_variables if variables_only else checkpointer.restore
+  try:
+    return restore(*args, **kwargs)
+  except TreeMismatchError as error:
+    raise RunError(f"{run_dir}: {error}") from None
+  except ValueError as error:
+    mismatch = tree_mismatch(error)
+    if mismatch is None:
+      raise
+    raise RunError(f"{run_dir}: {mismatch}") from None
+
+
+# ----------------------------------------------------------------------------- a run, loaded
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedRun:
+  """What an evaluator gets: the run's config, family and model, its restored params and
+  mutable collections (sharded on ``mesh`` by ``rules``)."""
+
+  run_dir: str
+  config: object
+  family: object
+  model: object
+  params: object
+  mutable: dict
+  mesh: object
+  rules: tuple
+  step: int
+
+  @property
+  def variables(self):
+    """The dict ``model.apply`` takes: params and the mutable collections."""
+    return {"params": self.params, **self.mutable}
+
+
+def load_run(run_dir, mesh=None, step=None, tokenizer_file=None, config=None):
+  """A LoadedRun of ``run_dir``'s checkpoint ``step`` (default: the latest), restored onto
+  ``mesh`` (default: every local device on the data axis) under the run's logical rules; its
+  params and mutable collections only, not the optimizer state. ``tokenizer_file`` replaces the
+  run's recorded rank file (``lpcjax.data.with_tokenizer``); ``config``: the run's, when the
+  caller has read it already (config.json is read once per command)."""
+  config = read_config(run_dir) if config is None else config
+  if mesh is None:
+    mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1,
+                                                         mesh_context=1, mesh_tensor=1))
+  rules = rules_from_config(config.train)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):  # parameters only: no optimizer state
+    config, family, model, params, mutable, step = restore_variables(run_dir, mesh, rules, step, config)
+  config = dataclasses.replace(config, data=with_tokenizer(config.data, tokenizer_file, saved=True))
+  return LoadedRun(run_dir, config, family, model, params, mutable, mesh, rules, step)
+
+
+def parse_run_spec(spec):
+  """'RUN_DIR' or 'RUN_DIR:STEP' -> (run_dir, step or None)."""
+  run_dir, sep, step = spec.rpartition(":")
+  if sep and step.isdigit():
+    return run_dir, int(step)
+  return spec, None
+
+
+def check_same_structure(expected, found, what):
+  """Raise a ConfigError naming the first path whose presence, shape or dtype differs."""
+  want = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(expected)}
+  have = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(found)}
+  for path in sorted(set(want) | set(have)):
+    if path not in have:
+      raise ConfigError(f"train.init_from: {what} has no {path} (this model needs one of "
+                                   f"shape {tuple(want[path].shape)})")
+    if path not in want:
+      raise ConfigError(f"train.init_from: {what} has {path}, which this model does not")
+    if (want[path].shape, want[path].dtype) != (have[path].shape, have[path].dtype):
+      raise ConfigError(
+          f"train.init_from: {path} is {have[path].dtype}{list(have[path].shape)} in {what}, this model "
+          f"needs {want[path].dtype}{list(want[path].shape)}")
+
+
+# ----------------------------------------------------------------------------- the trainer's side
 
 
 class RunExistsError(UserError, FileExistsError):
@@ -23,9 +176,9 @@ def open_run_directory(config, resume):
   checking what ``resume`` asks of it: False, a new run (a folder with checkpoints is an error);
   True, continue its latest checkpoint (none is an error); "or_start", continue or start."""
   if resume and not config.train.run_name:
-    raise experiment.ConfigError("train.run_name: --resume needs the name of the run to continue")
+    raise ConfigError("train.run_name: --resume needs the name of the run to continue")
   if jax.process_count() > 1 and not config.train.run_name:  # each process would time-stamp its own
-    raise experiment.ConfigError("train.run_name: a run of several processes needs a name")
+    raise ConfigError("train.run_name: a run of several processes needs a name")
   name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
   run_dir = os.path.join(config.train.run_dir, name)
   latest = latest_checkpoint_step(run_dir)
@@ -36,7 +189,7 @@ def open_run_directory(config, resume):
     raise RunError(f"{run_dir}: no checkpoint to resume; start it without --resume "
                    "(--resume-or-start does either)")
   if latest is not None and latest > config.train.steps:
-    raise experiment.ConfigError(f"train.steps: {run_dir} is already at step {latest}, past "
+    raise ConfigError(f"train.steps: {run_dir} is already at step {latest}, past "
                                  f"train.steps={config.train.steps}; set train.steps above {latest} to train on")
   created = not os.path.isdir(run_dir)
   os.makedirs(run_dir, exist_ok=True)
@@ -45,7 +198,7 @@ def open_run_directory(config, resume):
 
 def check_resumable(run_dir, config):
   """The model and data of a resumed run must be the checkpoint's; train.* may change."""
-  saved = experiment.to_dict(read_config(run_dir))
+  saved = experiment.to_dict(read_config(run_dir))  # the run's, not the one being resumed with
   now = experiment.to_dict(config)
   for section in ("model", "data"):
     for key in sorted(set(saved[section]) | set(now[section])):
@@ -53,7 +206,7 @@ def check_resumable(run_dir, config):
         continue  # where the rank file lives may change between machines (runs record it now)
       old, new = saved[section].get(key), now[section].get(key)
       if old != new:
-        raise experiment.ConfigError(f"{section}.{key}: the checkpoint in {run_dir} was trained with "
+        raise ConfigError(f"{section}.{key}: the checkpoint in {run_dir} was trained with "
                                      f"{old!r}, this config says {new!r}")
 
 
@@ -85,7 +238,7 @@ class MetricsLog:
       try:
         from tensorboardX import SummaryWriter
       except ImportError:
-        raise experiment.ConfigError("train.tensorboard: needs tensorboardX "
+        raise ConfigError("train.tensorboard: needs tensorboardX "
                                      "(pip install 'lpcjax[tensorboard]')") from None
       self.tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
 

@@ -59,30 +59,33 @@ def _clipped_adam(train_cfg, schedule, b2, clip, decay):
           optax.adamw(schedule, b1=train_cfg.adam_b1, b2=b2, weight_decay=decay, mask=decay_mask)]
 
 
-def gate_labels(patterns):
-  """params -> the same tree of "gate" (path contains one of ``patterns``) or "rest"."""
-  def labels(params):
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: "gate" if any(p in path_name(path) for p in patterns) else "rest", params)
-  return labels
+def group_labels(groups):
+  """params -> the same tree of each parameter's group name: the first of ``groups`` (each a
+  ``lpcjax.config.ParameterGroup``) one of whose patterns its path contains, else "rest"."""
+  def label(path, _):
+    name = path_name(path)
+    return next((group.name for group in groups if any(p in name for p in group.patterns)), "rest")
+  return lambda params: jax.tree_util.tree_map_with_path(label, params)
 
 
 def make_optimizer(train_cfg):
   """AdamW (b1, b2, decoupled weight decay) after global-norm clipping; linear warmup, cosine.
-  With ``train.gate_patterns`` the matching parameters form a second group (optax.multi_transform)
-  clipped on their own (``gate_grad_clip``), with ``gate_adam_b2`` and no weight decay. Then the
-  per-parameter scales of ``train.lr_scales``. Each extra is added only if set, so that the
-  optimizer state of every other run keeps its structure (and old checkpoints restore)."""
+  What a family adds is declared by its train config (``Family.train_config_cls``): its
+  ``parameter_groups()`` each become a group of their own (optax.multi_transform) clipped on
+  their own, with their own Adam b2 and weight decay; then the per-parameter scales of its
+  ``lr_scale_rules()``. Each extra is added only if declared, so that the optimizer state of
+  every other run keeps its structure (and old checkpoints restore)."""
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=train_cfg.learning_rate, warmup_steps=train_cfg.warmup_steps,
       decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1), end_value=train_cfg.min_learning_rate)
   parts = _clipped_adam(train_cfg, schedule, train_cfg.adam_b2, train_cfg.grad_clip, train_cfg.weight_decay)
-  if train_cfg.gate_patterns:
-    gates = _clipped_adam(train_cfg, schedule, train_cfg.gate_adam_b2, train_cfg.gate_grad_clip, 0.0)
-    parts = [optax.multi_transform({"rest": optax.chain(*parts), "gate": optax.chain(*gates)},
-                                   gate_labels(train_cfg.gate_patterns))]
-  if train_cfg.lr_scales:
-    parts.append(scale_by_path(train_cfg.lr_scales))
+  groups = train_cfg.parameter_groups()
+  if groups:
+    transforms = {group.name: optax.chain(*_clipped_adam(train_cfg, schedule, group.adam_b2, group.grad_clip,
+                                                         group.weight_decay)) for group in groups}
+    parts = [optax.multi_transform({"rest": optax.chain(*parts), **transforms}, group_labels(groups))]
+  if train_cfg.lr_scale_rules():
+    parts.append(scale_by_path(train_cfg.lr_scale_rules()))
   return optax.chain(*parts)
 
 
@@ -96,14 +99,23 @@ def _create(family, model, config, optimizer):
   return TrainState.create(apply_fn=model.apply, params=params, tx=optimizer, mutable=mutable)
 
 
+def variable_shardings(family, model, config, mesh, rules):
+  """((abstract params, abstract mutable collections), (their NamedShardings)): by their
+  logical names under ``rules``, replicated where they have none. What evaluation restores."""
+  boxed = jax.eval_shape(lambda: family.init_variables(model, config.data, config.train.seed))
+  shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+  # The boxes' own unbox() would apply their sharding constraint, which needs a trace.
+  boxes = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  unboxed = jax.tree.map(lambda x: x.unbox(apply_constraint=False) if boxes(x) else x, boxed, is_leaf=boxes)
+  return _split_variables(family, unboxed), _split_variables(family, shardings)
+
+
 def state_shardings(family, model, config, optimizer, mesh, rules):
   """(abstract TrainState, its NamedShardings): params and mutable collections by their logical
   names under ``rules`` (replicated where they have none), optimizer moments like their params,
   everything else replicated. ``optimizer`` must be the one the state is created with (it is
   part of the TrainState's static structure)."""
-  boxed = jax.eval_shape(lambda: family.init_variables(model, config.data, config.train.seed))
-  variable_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
-  param_shardings, mutable_shardings = _split_variables(family, variable_shardings)
+  _, (param_shardings, mutable_shardings) = variable_shardings(family, model, config, mesh, rules)
   abstract = jax.eval_shape(lambda: _create(family, model, config, optimizer))
   replicated = NamedSharding(mesh, P())
   # A parameter group (optax.multi_transform) holds an empty MaskedNode for each parameter of

@@ -116,6 +116,17 @@ def test_compare_overlays_runs(runs, tmp_path):
   assert (tmp_path / "perplexity_vs_context.png").exists()
 
 
+def test_eval_reads_each_config_json_once(runs, tmp_path, monkeypatch):
+  """eval.py --compare parses each run's config.json once: its evaluator and its load share it."""
+  from lpcjax import experiment
+  parsed = []
+  from_dict = experiment.from_dict
+  monkeypatch.setattr(experiment, "from_dict", lambda values: parsed.append(values) or from_dict(values))
+  argv = ["--compare", runs["fox"], runs["transformer"], "--out", str(tmp_path), "--max-sequences", "1"]
+  assert cli("eval")(argv) == 0
+  assert len(parsed) == 2
+
+
 def test_compared_runs_of_one_model_are_told_apart_and_keep_the_evaluated_x_axis(runs, tmp_path,
                                                                                   monkeypatch):
   """Two runs of the same model (here: copies of one run, in folders 'fox' and 'b/fox') get

@@ -1,7 +1,5 @@
 """Every backend against the materialized reference, and the reference against float64 numpy."""
 
-import importlib.util
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,20 +8,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
 
-from lpcjax.kernels import BlockSizes, available_impls, forgetting_attention
+from lpcjax.kernels import BlockSizes, forgetting_attention, ordered_backends
 
-# triton runs compiled on a GPU with jax-triton installed (on CPU: test_triton_kernels.py).
-ON_GPU_WITH_JAX_TRITON = (jax.default_backend() == "gpu"
-                          and importlib.util.find_spec("jax_triton") is not None)
-BACKENDS = [impl for impl in available_impls() if impl not in ("auto", "reference")
-            and (impl != "triton" or ON_GPU_WITH_JAX_TRITON)  # triton: compiled, on a GPU only
-            and impl != "pallas_tpu"]  # see WITH_TPU
-# The TPU kernel streams tiles >= 128 wide (the TPU's lanes), so most shapes here fit it in one
-# tile, and each interpreted compile takes seconds: it joins the tests whose point does not
-# depend on the tiling; tests/kernels/test_pallas_tpu.py runs it at TPU-sized tiles.
-WITH_TPU = BACKENDS + ["pallas_tpu"]
-# Pallas kernels run compiled on a GPU and interpreted elsewhere (CI).
-INTERPRET = {"pallas": jax.default_backend() != "gpu", "pallas_tpu": jax.default_backend() != "tpu"}
+# The backends under test, from the table (kernels/backends.py): every one that runs here,
+# compiled or interpreted (triton: compiled on a GPU with jax-triton only; on CPU its kernels
+# are tested by test_triton_kernels.py), but the reference they are compared with.
+HERE = [b for b in ordered_backends() if b.name != "reference" and b.runs_here()]
+# A backend sits out the groups of tests it declares (Backend.suite_skips), e.g. the TPU kernel
+# those at small tiles (its tiles are >= 128 wide, and each interpreted compile takes seconds).
+WITH_TPU = [b.name for b in HERE]  # the tests whose point does not depend on the tiling
+BACKENDS = [b.name for b in HERE if "small_tiles" not in b.suite_skips]
+# Pallas kernels run compiled on their platform and interpreted elsewhere (CI).
+INTERPRET = {b.name: not b.runs_natively() for b in HERE}
 
 
 def make_inputs(seed, batch, seq_len, heads, head_dim, gates="random", dtype=jnp.float32):
@@ -364,10 +360,38 @@ def test_xla_backend_memory_is_linear_in_seq_len():
   assert xla_8k < 2.5 * xla_4k, (xla_4k, xla_8k)  # linear, not quadratic
 
 
+def test_the_table_declares_what_each_backend_supports(monkeypatch):
+  """"auto" is an ordered fallback over the declared table; a registered backend joins it (a
+  new backend is one file and one registration); named calls fail in one line naming the
+  constraint; config checks ask the same table (``unsupported``)."""
+  from lpcjax.kernels import Backend, register_backend, resolve, unsupported
+  from lpcjax.kernels import backends as table  # the module
+  from lpcjax.kernels.xla_blockwise import xla_attention
+  assert unsupported("pallas", head_dim=8) == "impl='pallas' supports head_dim in (16, 32, 64, 128), got 8"
+  assert unsupported("pallas", context_parallel=True).startswith("impl='pallas' has no context-parallel path")
+  assert unsupported("xla", head_dim=8, window=4, context_parallel=True) is None
+  assert unsupported("cuda").startswith("must be one of")
+  with pytest.raises(ValueError, match="impl='pallas' supports dtypes"):
+    resolve("pallas", 64, jnp.float64)
+  calls = []
+
+  def mine(*args, **options):
+    calls.append(options)
+    return xla_attention(*args, **options)
+
+  monkeypatch.setattr(table, "_BACKENDS", dict(table._BACKENDS))
+  register_backend(Backend("mine", mine, platforms=(jax.default_backend(),), head_dims=(8,), priority=50))
+  assert resolve("auto", 8).name == "mine" and resolve("auto", 16).name != "mine"  # falls back
+  q, k, v, log_f, _ = make_inputs(0, 1, 8, 2, 8)
+  np.testing.assert_allclose(forgetting_attention(q, k, v, log_f, window=4),
+                             forgetting_attention(q, k, v, log_f, impl="reference", window=4), atol=1e-5)
+  assert calls == [{"window": 4}]
+
+
 def test_auto_picks_pallas_on_gpu_for_supported_head_dims(monkeypatch):
-  from lpcjax.kernels import api
+  from lpcjax.kernels import resolve
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-  assert api._resolve_impl("auto", 64) == "xla"
+  assert resolve("auto", 64).name == "xla"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert api._resolve_impl("auto", 64) == "pallas" and api._resolve_impl("auto", 128) == "pallas"
-  assert api._resolve_impl("auto", 8) == "xla"  # unsupported by the kernel: the blockwise op
+  assert resolve("auto", 64).name == "pallas" and resolve("auto", 128).name == "pallas"
+  assert resolve("auto", 8).name == "xla"  # unsupported by the kernel: the blockwise op

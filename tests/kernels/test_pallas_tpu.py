@@ -264,7 +264,7 @@ def test_unsupported_use_is_refused_in_one_line():
 
 
 def test_auto_picks_the_tpu_kernel_on_tpu(monkeypatch):
-  from lpcjax.kernels import api
+  from lpcjax.kernels import resolve
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-  assert api._resolve_impl("auto", 64) == api._resolve_impl("auto", 128) == "pallas_tpu"
-  assert api._resolve_impl("auto", 48) == "xla"  # unsupported by the kernel: the blockwise op
+  assert resolve("auto", 64).name == resolve("auto", 128).name == "pallas_tpu"
+  assert resolve("auto", 48).name == "xla"  # unsupported by the kernel: the blockwise op

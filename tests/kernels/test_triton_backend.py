@@ -47,11 +47,11 @@ def test_off_gpu_the_error_says_so():
 def test_unsupported_head_dim_and_auto():
   with pytest.raises(ValueError, match="impl='triton' supports head_dim in"):
     forgetting_attention(*qkv_and_gate(head_dim=48), impl="triton")
-  from lpcjax.kernels import api
-  assert "triton" in api.available_impls()
+  from lpcjax.kernels import available_impls, resolve
+  assert "triton" in available_impls()
   with pytest.MonkeyPatch.context() as patch:  # "auto" keeps Pallas on a GPU
     patch.setattr(jax, "default_backend", lambda: "gpu")
-    assert api._resolve_impl("auto", 64) == "pallas"
+    assert resolve("auto", 64).name == "pallas"
 
 
 # ------------------------------------------------------------------ lowering (Python >= 3.12)

@@ -261,18 +261,19 @@ def test_a_short_run_moves_mhc_and_rho_and_the_fixed_arm_keeps_its_rate():
 
 def test_lr_scales_multiply_the_matching_updates_only():
   from lpcjax.config import TrainConfig
+  from lpcjax.models.lpcsm import LPCSMTrainConfig
   from lpcjax.training.steps import make_optimizer
   params = {"controller": {"ratio_logit": jnp.float32(0.0)}, "other": {"ratio": jnp.float32(0.0)}}
   grads = jax.tree.map(lambda _: jnp.float32(0.5), params)
   plain = make_optimizer(TrainConfig(steps=10, warmup_steps=0))
-  scaled = make_optimizer(TrainConfig(steps=10, warmup_steps=0, lr_scales=("ratio_logit=10",)))
+  scaled = make_optimizer(LPCSMTrainConfig(steps=10, warmup_steps=0, lr_scales=("ratio_logit=10",)))
   assert len(plain.init(params)) == 2  # no rules: the optimizer state keeps its old structure
   updates = scaled.update(grads, scaled.init(params), params)[0]
   np.testing.assert_allclose(updates["controller"]["ratio_logit"], 10 * updates["other"]["ratio"], rtol=1e-6)
   unscaled = plain.update(grads, plain.init(params), params)[0]
   np.testing.assert_allclose(updates["other"]["ratio"], unscaled["other"]["ratio"])
   with pytest.raises(ConfigError, match="lr_scales"):
-    TrainConfig(lr_scales=("ratio_logit",))
+    LPCSMTrainConfig(lr_scales=("ratio_logit",))
 
 
 def test_saved_configs_with_the_old_temperature_still_load():

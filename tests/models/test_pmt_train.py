@@ -14,9 +14,9 @@ import pytest
 from lpcjax import data, experiment, models
 from lpcjax.config import ConfigError, TrainConfig
 from lpcjax.layers.pma import gate_values
-from lpcjax.models.pmt import GATE_PATTERNS
+from lpcjax.models.pmt import GATE_PATTERNS, PMTTrainConfig
 from lpcjax.models.pmt_losses import augment, make_views, pmt_loss
-from lpcjax.training.steps import create_train_state, gate_labels, make_optimizer, path_name, train_step
+from lpcjax.training.steps import create_train_state, group_labels, make_optimizer, path_name, train_step
 
 SMALL = ["model.d_model=16", "model.num_heads=2", "model.num_blocks=2", "model.tokenizer_kernels=8",
          "model.projection_dim=16", "model.patch_size=4", "model.patch_stride=2", "model.neighbourhood=4",
@@ -42,7 +42,8 @@ def test_the_gate_group_holds_every_gate_and_nothing_else(tmp_path):
   config = small_config(tmp_path)
   family, model = init_params(config)
   params = nn.meta.unbox(jax.eval_shape(lambda: family.init_variables(model, config.data, 0)))["params"]
-  labels = jax.tree_util.tree_flatten_with_path(gate_labels(GATE_PATTERNS)(params))[0]
+  groups = PMTTrainConfig(gate_patterns=GATE_PATTERNS).parameter_groups()
+  labels = jax.tree_util.tree_flatten_with_path(group_labels(groups)(params))[0]
   gates = sorted(path_name(path) for path, label in labels if label == "gate")
   expected = sorted(f"pma/block_{b}/{name}" for b in range(2) for name in (
       "carry_gate", "write/kernel", "write/bias", "read_gate/kernel", "read_gate/bias", "aggregator/skip_gate",
@@ -52,9 +53,8 @@ def test_the_gate_group_holds_every_gate_and_nothing_else(tmp_path):
 
 def test_the_gate_group_has_its_own_adam():
   params = {"block": {"carry_gate": jnp.float32(0.0), "kernel": jnp.zeros((2,))}}
-  cfg = TrainConfig(steps=10, warmup_steps=0, learning_rate=1e-3, min_learning_rate=1e-3, weight_decay=0.0,
-                    adam_b2=0.999, grad_clip=100.0, gate_patterns=("carry_gate",),
-                    gate_adam_b2=0.5)
+  cfg = PMTTrainConfig(steps=10, warmup_steps=0, learning_rate=1e-3, min_learning_rate=1e-3, weight_decay=0.0,
+                       adam_b2=0.999, grad_clip=100.0, gate_patterns=("carry_gate",), gate_adam_b2=0.5)
   optimizer = make_optimizer(cfg)
   reference = {b2: optax.adam(1e-3, b2=b2) for b2 in (0.5, 0.999)}
   states = {b2: opt.init(jnp.float32(0.0)) for b2, opt in reference.items()}
@@ -69,8 +69,9 @@ def test_the_gate_group_has_its_own_adam():
     np.testing.assert_allclose(updates["block"]["kernel"], expected[0.999], rtol=1e-5)
   # no group: the optimizer state keeps its old structure
   assert len(make_optimizer(TrainConfig(steps=10, warmup_steps=0)).init(params)) == 2
+  assert len(make_optimizer(PMTTrainConfig(steps=10, warmup_steps=0)).init(params)) == 2
   with pytest.raises(ConfigError, match="gate_patterns"):
-    TrainConfig(gate_patterns=("",))
+    PMTTrainConfig(gate_patterns=("",))
 
 
 def test_gates_move_off_their_init_in_a_few_dozen_steps(tmp_path):

@@ -4,6 +4,8 @@ train.py and eval.py, with no edit to the harness."""
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -15,12 +17,16 @@ from lpcjax import experiment as C
 from lpcjax.evaluation.runner import load_run
 
 
+def write_experiment(tmp_path, function="experiment"):
+  path = tmp_path / f"toy_{function}.py"
+  path.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\nimport toy_family\n\n"
+                  f"def get_config():\n  return toy_family.{function}({str(tmp_path / 'runs')!r})\n")
+  return str(path)
+
+
 @pytest.fixture
 def experiment_file(tmp_path):
-  path = tmp_path / "toy_experiment.py"
-  path.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\nimport toy_family\n\n"
-                  f"def get_config():\n  return toy_family.experiment({str(tmp_path / 'runs')!r})\n")
-  return str(path)
+  return write_experiment(tmp_path)
 
 
 def records(run_dir):
@@ -71,3 +77,22 @@ def test_toy_family_config_errors_name_the_field(tmp_path):
   with pytest.raises(C.ConfigError, match="data.kind: the fox family reads mqar or text or tokens, not 'toy_series'"):
     C.apply_overrides(cfg, ["model.family=fox"])
   assert C.from_dict(json.loads(C.to_json(cfg))) == cfg
+
+
+def test_a_fresh_process_evaluates_and_generates_a_family_defined_outside_the_package(experiment_file, tmp_path):
+  """The run records the module that registered its family (config.json's ``defined_in``), so
+  eval.py and generate, started afresh where that module is not importable by name, import it
+  from its file before looking the family up."""
+  train, runs = cli("train"), tmp_path / "runs"
+  assert train(["--config", experiment_file, "train.run_name=toy", "train.steps=2"]) == 0
+  assert train(["--config", write_experiment(tmp_path, "lm_experiment"), "train.run_name=lm"]) == 0
+  recorded = json.load(open(runs / "toy" / "config.json"))["defined_in"]["model.family"]
+  assert recorded == {"module": "toy_family", "file": str(REPO / "tests" / "toy_family.py")}
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  run = lambda *args: subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+  evaluated = run(str(REPO / "eval.py"), "--run", str(runs / "toy"), "--out", str(tmp_path / "eval"))
+  assert evaluated.returncode == 0, evaluated.stderr
+  assert json.load(open(tmp_path / "eval" / "toy.json"))[0]["examples"] == 20
+  generated = run("-m", "lpcjax.generate", "--run", str(runs / "lm"), "--token-ids", "5,17,3", "--max-new-tokens", "3")
+  assert generated.returncode == 0, generated.stderr
+  assert len(generated.stdout.split()) == 3  # the three new token ids

@@ -114,6 +114,28 @@ def test_train_writes_a_restorable_run_directory(tmp_path):
     train(cfg, progress=False, devices=one_device())
 
 
+def test_evaluation_restores_parameters_only(tmp_path, monkeypatch):
+  """load_run reads the params (and mutable collections) of a full TrainState checkpoint and
+  never its optimizer state: the full restore is not called, and the params are the same."""
+  from lpcjax.evaluation.runner import load_run
+  from lpcjax.sharding import make_mesh
+  from lpcjax.training import Checkpointer, restore_state
+  run_dir, _ = train(tiny_experiment(tmp_path, "train.steps=1", "train.warmup_steps=0", "train.eval_batches=1"),
+                     progress=False, devices=one_device())
+  mesh = make_mesh(C.TrainConfig(), one_device())
+  with jax.set_mesh(mesh):
+    _, _, _, full = restore_state(run_dir, mesh, ())
+
+  def no_full_restore(*args, **kwargs):
+    raise AssertionError("evaluation restored the whole TrainState")
+
+  monkeypatch.setattr(Checkpointer, "restore", no_full_restore)
+  run = load_run(run_dir, mesh=mesh)
+  assert run.step == int(full.step) == 1
+  for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(full.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_train_cli_rejects_bad_input_with_one_line(tmp_path):
   one_device = {**os.environ, "XLA_FLAGS": ""}  # as a user's single-CPU run
   result = subprocess.run([sys.executable, str(REPO / "train.py"), "model.d_modle=3"],

@@ -13,11 +13,15 @@ import sys
 from lpcjax.config import ConfigError
 
 
-def caller_source(depth=2):
-  """{"module", "file"} of the module ``depth`` frames up: the one calling a ``register``."""
-  module = sys._getframe(depth).f_globals.get("__name__", "")
+def module_source(module):
+  """{"module", "file"} of an imported module, by name."""
   file = getattr(sys.modules.get(module), "__file__", None)
   return {"module": module, "file": os.path.abspath(file) if file else None}
+
+
+def caller_source(depth=2):
+  """{"module", "file"} of the module ``depth`` frames up: the one calling a ``register``."""
+  return module_source(sys._getframe(depth).f_globals.get("__name__", ""))
 
 
 def import_source(source):

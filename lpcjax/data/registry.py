@@ -10,7 +10,7 @@ the evaluation set. A family lists the kinds it reads (``Family.data_kinds``).
 import dataclasses
 from typing import Callable
 
-from lpcjax.registry import Registry, caller_source
+from lpcjax.registry import Registry, module_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,4 +31,6 @@ get, names, source_of = _KINDS.get, _KINDS.names, _KINDS.source_of
 def register(kind):
   if kind.config_cls.kind != kind.name:
     raise ValueError(f"data kind {kind.name!r}: its config class says kind={kind.config_cls.kind!r}")
-  return _KINDS.register(kind.name, kind, caller_source())
+  # Where the config class is defined registers the kind (a helper such as register_generated
+  # may make the call): importing that module again is what a fresh process needs.
+  return _KINDS.register(kind.name, kind, module_source(kind.config_cls.__module__))

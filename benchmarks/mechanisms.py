@@ -46,14 +46,14 @@ import mechanisms as suite  # noqa: E402  (configs/mechanisms.py: tasks, models,
 # group -> (task, models, lengths scored as multiples of the training length); in priority order.
 GROUPS = {
     "default": ("default", ["fox_pro", "fox", "transformer_pro", "fox_paper_init", "transformer"], (1,)),
-    "overwrite": ("overwrite", ["fox", "transformer", "transformer_nope", "fox_pro", "transformer_pro"], (1,)),
-    "delayed_id": ("delayed_id", ["lpcsm", "sith", "sith_delta", "lpcsm_no_slow", "lpcsm_full_window", "lpcsm_no_ont",
-                                  "lpcsm_no_pc", "lpcsm_no_mhc", "lpcsm_no_stop", "fox", "transformer"], (1,)),
-    "mqar": ("mqar", ["fox", "transformer", "transformer_nope", "fox_pro", "transformer_pro", "lpcsm"], (1, 2, 4)),
-    "noisy_recall": ("noisy_recall", ["fox", "transformer"], (1,)),
-    "fuzzy_recall": ("fuzzy_recall", ["fox", "transformer"], (1,)),
-    "selective_copy": ("selective_copy", ["fox", "transformer", "sith", "sith_delta"], (1,)),
-    "mqar_random": ("mqar_random", ["fox", "transformer"], (1,)),
+    "overwrite": ("overwrite", ["fox_pro", "transformer_pro", "transformer_pro_nope"], (1,)),
+    "delayed_id": ("delayed_id", ["fox_pro", "lpcsm_full_window", "sith", "sith_delta", "transformer_pro", "lpcsm",
+                                  "lpcsm_no_slow", "lpcsm_no_ont", "lpcsm_no_pc", "lpcsm_no_mhc", "lpcsm_no_stop"], (1,)),
+    "mqar": ("mqar", ["fox_pro", "transformer_pro", "fox", "transformer", "transformer_nope", "lpcsm"], (1, 2, 4)),
+    "noisy_recall": ("noisy_recall", ["fox_pro", "transformer_pro"], (1,)),
+    "fuzzy_recall": ("fuzzy_recall", ["fox_pro", "transformer_pro"], (1,)),
+    "selective_copy": ("selective_copy", ["fox_pro", "transformer_pro", "sith", "sith_delta"], (1,)),
+    "mqar_random": ("mqar_random", ["fox_pro", "transformer_pro"], (1,)),
 }
 # The default job's rows: overrides of `python train.py` (configs/fox_tiny_mqar.py), its own rate.
 DEFAULT_ROWS = {

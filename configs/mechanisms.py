@@ -17,7 +17,7 @@ MODEL (d 64, 2 layers, 4 heads unless said; default fox):
   fox, fox_pro                     FoX, LLaMA or Pro block, the T(b) gate init (timescales 1 to 128)
   fox_paper_init                   FoX (LLaMA) with the paper's gate init (bias 0)
   transformer, transformer_nope    LLaMA block with RoPE / without a positional encoding
-  transformer_pro                  Pro block with RoPE
+  transformer_pro[_nope]           Pro block with RoPE / without a positional encoding
   lpcsm, lpcsm_no_{mhc,slow,pc,ont,stop}   LPC-SM (window 32, chunks of 16, memory 64) and its
                                    Stage-A ablations; lpcsm_full_window: a window over the whole sequence
   sith, sith_delta                 SITH with L = 27 slots (τ*_max = 91) and m = 32 predicted tokens,
@@ -65,6 +65,7 @@ MODELS = {
     "transformer": TransformerConfig(**_DECODER),
     "transformer_nope": TransformerConfig(**_DECODER, use_rope=False),
     "transformer_pro": TransformerConfig(**_DECODER, block="pro"),
+    "transformer_pro_nope": TransformerConfig(**_DECODER, block="pro", use_rope=False),
     "lpcsm": _LPCSM,
     **{f"lpcsm_{name}": dataclasses.replace(_LPCSM, **{field: False}) for name, field in LPCSM_ABLATIONS.items()},
     "lpcsm_full_window": dataclasses.replace(_LPCSM, attention_window=SEQ_LEN),

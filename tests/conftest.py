@@ -95,8 +95,11 @@ def tiny_experiment(tmp_path, *overrides, name="run"):
   mqar = ["model.vocab_size=64", "data.mqar_vocab_size=64", "data.mqar_num_pairs=4"]
   if any(item.startswith("data.kind=") for item in overrides):
     mqar = []
+  # the paper's gate init, for the families that have a gate (a family override applies first)
+  gate = [] if any(item.startswith("model.family=") and item != "model.family=fox" for item in overrides) \
+      else ["model.gate_bias_init=zero"]
   return C.apply_overrides(cfg, [
-      *mqar, "model.block=llama", "model.gate_bias_init=zero", "data.seq_len=32", "data.batch_size=8",
+      *mqar, "model.block=llama", *gate, "data.seq_len=32", "data.batch_size=8",
       "model.d_model=32", "model.mlp_multiple_of=32",
       "train.steps=30", "train.warmup_steps=5", "train.log_every=10", "train.eval_batches=2",
       f"train.run_dir={tmp_path}", f"train.run_name={name}", *overrides])

@@ -74,7 +74,7 @@ def test_toy_family_config_errors_name_the_field(tmp_path):
   cfg = toy_family.experiment(tmp_path)
   with pytest.raises(C.ConfigError, match="data.kind: the toy_classifier family reads toy_series, not 'mqar'"):
     C.apply_overrides(cfg, ["data.kind=mqar"])
-  with pytest.raises(C.ConfigError, match="data.kind: the fox family reads mqar or text or tokens, not 'toy_series'"):
+  with pytest.raises(C.ConfigError, match="data.kind: the fox family reads mqar or .* not 'toy_series'"):
     C.apply_overrides(cfg, ["model.family=fox"])
   assert C.from_dict(json.loads(C.to_json(cfg))) == cfg
 

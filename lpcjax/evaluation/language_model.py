@@ -142,12 +142,13 @@ class LanguageModelEvaluator:
     probes_only = (options.needle or options.delayed_id) and not options.per_token
     label = run_label(config, run.params, run.run_dir)
     with jax.set_mesh(mesh), nn.logical_axis_rules(run.rules):
-      result = {"probes_only": True} if probes_only else self._per_token(run, options, data_config,
-                                                                          max_sequences)
-      result.update(run=os.path.abspath(run.run_dir), label=label, train_len=train_len,
-                    family=config.model.family, data_kind=data_config.kind)
+      # argmax on the device, one jitted function for the answers and the needle grid
       predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
       predict_fn = lambda x: predict(run.params, np.asarray(x))
+      result = {"probes_only": True} if probes_only else self._per_token(run, options, data_config,
+                                                                          max_sequences, predict_fn)
+      result.update(run=os.path.abspath(run.run_dir), label=label, train_len=train_len,
+                    family=config.model.family, data_kind=data_config.kind)
       tokenizer = None
       if options.needle or options.delayed_id:
         tokenizer = load_gpt2_tokenizer(getattr(data_config, "tokenizer_file", None))
@@ -168,7 +169,7 @@ class LanguageModelEvaluator:
           result[key] = {"lengths": list(lengths), "depths": list(NEEDLE_DEPTHS), "accuracy": grid.tolist()}
     return result
 
-  def _per_token(self, run, options, data_config, max_sequences):
+  def _per_token(self, run, options, data_config, max_sequences, predict_fn):
     """The per-token loss curve and its summaries over the evaluation data (MQAR: recall too)."""
     seed, split = options.seed, getattr(options, "split", "eval")
     dataset = make_dataset(data_config, seed, split, max_examples=max_sequences)
@@ -182,8 +183,7 @@ class LanguageModelEvaluator:
     result.update(rolled=roll, per_sequence_loss=totals.sequence_means.tolist(),
                   band=confidence_band(totals))
     if data_config.scores_answers:
-      predict = jax.jit(lambda p, x: jnp.argmax(self.sequence_logits(run.model, p, x), axis=-1))
-      answers = answer_accuracy(lambda x: predict(run.params, np.asarray(x)), batches())
+      answers = answer_accuracy(predict_fn, batches())
       result["answers"] = {**answers, "chance": data_config.chance, "bucket_name": data_config.answer_bucket_name,
                            "split": split, "eval_len": data_config.seq_len}
       if data_config.scores_recall:

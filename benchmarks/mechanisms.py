@@ -29,6 +29,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import sys
 import time
 from concurrent import futures
@@ -48,8 +49,11 @@ GROUPS = {
     "default": ("default", ["fox_pro", "fox", "transformer_pro", "fox_paper_init", "transformer"], (1,)),
     "overwrite": ("overwrite", ["fox_pro", "transformer_pro", "transformer_pro_nope"], (1,)),
     "delayed_id": ("delayed_id", ["fox_pro", "lpcsm_full_window", "sith", "sith_delta", "transformer_pro",
-                                  "lpcsm", "lpcsm_no_slow", "lpcsm_no_ont", "lpcsm_no_pc", "lpcsm_no_mhc",
-                                  "lpcsm_no_stop"], (1,)),
+                                  "lpcsm", "lpcsm_mean_memory", "lpcsm_no_slow", "lpcsm_no_ont", "lpcsm_no_pc",
+                                  "lpcsm_no_mhc", "lpcsm_no_stop"], (1,)),
+    "delayed_id_near": ("delayed_id_near", ["lpcsm", "sith", "sith_delta", "lpcsm_no_slow", "lpcsm_no_ont",
+                                            "lpcsm_mean_memory", "lpcsm_full_window", "transformer_pro", "fox_pro",
+                                            "lpcsm_no_pc", "lpcsm_no_mhc", "lpcsm_no_stop"], (1,)),
     "mqar": ("mqar", ["fox_pro", "transformer_pro", "fox", "transformer", "transformer_nope", "lpcsm"], (1, 2, 4)),
     "noisy_recall": ("noisy_recall", ["fox_pro", "transformer_pro"], (1,)),
     "fuzzy_recall": ("fuzzy_recall", ["fox_pro", "transformer_pro"], (1,)),
@@ -149,10 +153,42 @@ def in_process(command, log_path):
   return time.perf_counter() - start
 
 
+def same_task_and_model(job, run, run_dir, steps):
+  """Whether the run in ``run`` was trained with the model and data the job's command gives now
+  (a cell whose config changed since, e.g. a task's gap, must not be reused; the run's own
+  config.json is the record). A run without a config.json never started: it is reused."""
+  from lpcjax import experiment
+  from lpcjax.training.run_directory import read_config
+  if not os.path.exists(os.path.join(ROOT, run, "config.json")):
+    return True
+  command = job.train_command(run_dir, steps)[2:]  # the config and overrides after "--resume-or-start"
+  config_name = command[1] if command[:1] == ["--config"] else "fox_tiny_mqar"
+  overrides = command[2:] if command[:1] == ["--config"] else command
+  wanted = experiment.to_dict(experiment.apply_overrides(
+      experiment.load_experiment(config_name, os.path.join(ROOT, "configs")), overrides))
+  saved = experiment.to_dict(read_config(os.path.join(ROOT, run)))
+  return all(saved[section] == wanted[section] for section in ("model", "data"))
+
+
+def exit_with_parent(parent):
+  """A worker's initializer: the worker exits when the driver is gone (a killed driver's pool
+  workers would otherwise train on, unseen, with nobody to record their runs)."""
+  import threading
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(5)
+    os._exit(1)
+
+  threading.Thread(target=watch, daemon=True).start()
+
+
 def run_job(job, run_dir, steps, logs):
   """Train (or continue) one run and score it on the test split; its JSON record."""
   run = os.path.join(run_dir, job.name)
   wall = None
+  if os.path.isdir(os.path.join(ROOT, run)) and not same_task_and_model(job, run, run_dir, steps):
+    shutil.rmtree(os.path.join(ROOT, run))  # a run of an earlier version of the cell: train it anew
   if not complete(os.path.join(ROOT, run), DEFAULT_STEPS if job.task == "default" else steps):
     wall = in_process(job.train_command(run_dir, steps), os.path.join(logs, f"{job.name}.log"))
   with open(os.path.join(ROOT, run, "summary.json")) as f:
@@ -312,7 +348,8 @@ def main():
     os.makedirs(logs, exist_ok=True)
     running = {}
     # Fresh interpreters (spawn), not forks of this one: JAX is not fork-safe.
-    with futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
       while True:
         for task, model, lengths in pairs(args.groups, args.models):
           for job in jobs_ready(runs, task, model, lengths, args.seeds):

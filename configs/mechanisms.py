@@ -9,6 +9,8 @@ TASK (all 128 tokens, batch 32, vocabulary 256, scored only at the answers):
   mqar            8 key-value pairs, each key queried once later (Zoology); mqar_random: random filler
   overwrite       keys written again and again (8 keys, ~7 writes each); the answer is the latest value
   delayed_id      1-8 identifiers, 96 distractor tokens, a trigger, the identifiers again
+  delayed_id_near the same with a 72-token gap: past what LPC-SM's two 32-token window layers reach
+                  together (64 tokens) and SITH's delta control (27), inside SITH's compressed reach (91)
   noisy_recall    MAD's noisy in-context recall (8 keys, 20 % noise tokens)
   fuzzy_recall    MAD's fuzzy recall (keys and values of 2 tokens, 8 entries)
   selective_copy  MAD's selective copying (16 tokens among blanks)
@@ -19,7 +21,9 @@ MODEL (d 64, 2 layers, 4 heads unless said; default fox):
   transformer, transformer_nope    LLaMA block with RoPE / without a positional encoding
   transformer_pro[_nope]           Pro block with RoPE / without a positional encoding
   lpcsm, lpcsm_no_{mhc,slow,pc,ont,stop}   LPC-SM (window 32, chunks of 16, memory 64) and its
-                                   Stage-A ablations; lpcsm_full_window: a window over the whole sequence
+                                   Stage-A ablations; lpcsm_full_window: a window over the whole sequence;
+                                   lpcsm_mean_memory: the memory as before issue #32 (chunk means, fixed
+                                   decays, W_c init 0.02)
   sith, sith_delta                 SITH with L = 27 slots (τ*_max = 91) and m = 32 predicted tokens,
                                    and the delta-pulse control (the 27 preceding tokens); a SITH model
                                    reads the last H + m tokens of each sequence, so it is scored on tasks
@@ -45,6 +49,8 @@ TASKS = {
     "overwrite": OverwriteConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, overwrite_num_keys=8),
     "delayed_id": DelayedIdConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, delayed_id_max_ids=8,
                                   delayed_id_gap=96),
+    "delayed_id_near": DelayedIdConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB,
+                                       delayed_id_max_ids=8, delayed_id_gap=72),
     "noisy_recall": NoisyRecallConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, noisy_num_keys=8),
     "fuzzy_recall": FuzzyRecallConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, fuzzy_num_keys=8),
     "selective_copy": SelectiveCopyConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB,
@@ -69,11 +75,13 @@ MODELS = {
     "lpcsm": _LPCSM,
     **{f"lpcsm_{name}": dataclasses.replace(_LPCSM, **{field: False}) for name, field in LPCSM_ABLATIONS.items()},
     "lpcsm_full_window": dataclasses.replace(_LPCSM, attention_window=SEQ_LEN),
+    "lpcsm_mean_memory": dataclasses.replace(_LPCSM, summary_pool="mean", selective_decay=False,
+                                             summary_init_std=0.02),
     "sith": SITHConfig(**_SIZE, mlp_dim=256, num_filters=27, chunk_len=32),
     "sith_delta": SITHConfig(**_SIZE, mlp_dim=256, num_filters=27, chunk_len=32, delta_pulse=True),
 }
 # Models that predict only the last m tokens of a sequence: the tasks whose answers end it.
-END_ANSWER_TASKS = ("delayed_id", "selective_copy")
+END_ANSWER_TASKS = ("delayed_id", "delayed_id_near", "selective_copy")
 LEARNING_RATES = (1e-3, 3e-3, 1e-2)  # the sweep of benchmarks/mechanisms.py
 STEPS = 400
 

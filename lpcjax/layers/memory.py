@@ -42,22 +42,39 @@ class MemoryConfig:
   # slow: 0.95, a memory of ~20 chunks, i.e. ~1k tokens at chunk 64 (the long timescale).
   fast_decay_init: float = 0.5
   slow_decay_init: float = 0.95
+  # How a chunk becomes its summary. "mean": the chunk's mean, so one token reaches the memory
+  # diluted by the chunk's other chunk_size - 1 (an identifier among distractors is lost:
+  # docs/mechanisms.md, delayed_id_near). "attention": softmax pooling with one learned query,
+  # zero at init, so the summary starts as the mean and can learn to single tokens out.
+  summary_pool: str = "attention"
+  # Whether each chunk shifts the decays by a learned function of its summary (zero at init:
+  # the per-channel decays above): a chunk that carries nothing new can leave the states as
+  # they were, one that does can write strongly. False: fixed per-channel decays.
+  selective_decay: bool = True
   kappa_max: float = 4.0  # ONT gain bounds and init, see ONTConfig
   kappa_init: float = 2.0
   ont_eps: float = 1e-6
   # The read projections start at zero, so the layer's reads start at 0 and a block adding them
   # to its residual stream starts as if it had no memory (tests set it > 0 to see the reads).
   read_init_std: float = 0.0
-  init_std: float = 0.02
+  # The summary projection W_c's init. None: 1/√d_model (fan-in). The summary feeds the states,
+  # not the residual stream, so it keeps the scale of its input: with the residual streams'
+  # 0.02 the summaries started ~0.16 per channel and the decay shifts and reads they drive
+  # barely moved in 400 steps (docs/mechanisms.md, delayed_id_near).
+  init_std: float | None = None
 
 
 class DualTimescaleMemory(nn.Module):
   """x [batch, seq, d], state (None: zeros) -> (reads [batch, seq, d], new state).
 
-  Chunk k (of K = seq / chunk_size) has summary c_k = W_c mean(x over chunk k) ∈ R^m. Then
-      fast  f_k = a ⊙ f_{k−1} + (1 − a) ⊙ c_k              (linear: one associative scan)
-      slow  s_k = λ ⊙ s_{k−1} + (1 − λ) ⊙ ONT(c_k; s_{k−1})  (the write reads s_{k−1}: lax.scan)
-  Both are exponential moving averages, so the states stay on the scale of a summary. The slow
+  Chunk k (of K = seq / chunk_size) has summary c_k = W_c pool(x over chunk k) ∈ R^m, pool the
+  mean or (``summary_pool="attention"``) Σ_t softmax_t(q·x_t) x_t. Then
+      fast  f_k = a_k ⊙ f_{k−1} + (1 − a_k) ⊙ c_k              (linear: one associative scan)
+      slow  s_k = λ_k ⊙ s_{k−1} + (1 − λ_k) ⊙ ONT(c_k; s_{k−1})  (the write reads s_{k−1}: lax.scan)
+  with a_k = σ(θ_a + U_a c_k), λ_k = σ(θ_λ + U_λ c_k) (``selective_decay``; U = 0 at init, and
+  without it a, λ = σ(θ) for every chunk). Both are exponential moving averages, so the states
+  stay on the scale of a summary. At init (q = 0, U = 0) the layer is the mean-pooled one with
+  fixed decays; q and U get gradients from the first step on, through W_c and the reads. The slow
   recurrence is non-linear in s, so it runs as a lax.scan over chunks (K steps of O(m) work,
   cheap next to the token path); only chunk boundaries write, never single tokens.
 
@@ -80,16 +97,19 @@ class DualTimescaleMemory(nn.Module):
     if state is None:
       state = self.initial_state(batch)
 
-    chunks = x.astype(jnp.float32).reshape(batch, num_chunks, cfg.chunk_size, d).mean(axis=2)
-    summaries = Projection((m,), ("embed", None), init_std=cfg.init_std, name="summary")(chunks)
+    chunk_inputs = x.astype(jnp.float32).reshape(batch, num_chunks, cfg.chunk_size, d)
+    summary_std = d ** -0.5 if cfg.init_std is None else cfg.init_std
+    summaries = Projection((m,), ("embed", None), init_std=summary_std, name="summary")(self.pool(chunk_inputs))
 
     def decay(name, value):
+      """[batch, K, m]: σ(θ) per channel, shifted per chunk by U c_k under ``selective_decay``."""
       raw = self.param(name, constant_init(logit(value), (None,)), (m,))
-      return jax.nn.sigmoid(raw)
+      if cfg.selective_decay:
+        raw = raw + Projection((m,), (None, None), init_std=0.0, name=name.replace("_logit", "_shift"))(summaries)
+      return jnp.broadcast_to(jax.nn.sigmoid(raw), summaries.shape)
 
     fast_decay = decay("fast_decay_logit", cfg.fast_decay_init)
-    fast = linear_recurrence(jnp.broadcast_to(fast_decay, summaries.shape), (1 - fast_decay) * summaries,
-                             state["fast"])
+    fast = linear_recurrence(fast_decay, (1 - fast_decay) * summaries, state["fast"])
     fast_before = jnp.concatenate([state["fast"][:, None], fast[:, :-1]], axis=1)  # [batch, K, m]
     read = Projection((d,), (None, "embed"), init_std=cfg.read_init_std, name="read_fast")(fast_before)
     new_state = {"fast": fast[:, -1], "slow": state["slow"]}
@@ -99,12 +119,14 @@ class DualTimescaleMemory(nn.Module):
       if cfg.ont:  # one learned gain for the layer
         kappa = ONT(ONTConfig(kappa_max=cfg.kappa_max, kappa_init=cfg.kappa_init, eps=cfg.ont_eps), name="ont").gain()
 
-      def step(slow, summary):
+      def step(slow, chunk):
+        summary, retain = chunk
         write = ont_write(summary, slow, kappa, cfg.ont_eps) if cfg.ont else summary
-        slow = slow_decay * slow + (1 - slow_decay) * write
+        slow = retain * slow + (1 - retain) * write
         return slow, slow
 
-      final_slow, slow_all = jax.lax.scan(step, state["slow"], jnp.swapaxes(summaries, 0, 1))
+      final_slow, slow_all = jax.lax.scan(step, state["slow"],
+                                          (jnp.swapaxes(summaries, 0, 1), jnp.swapaxes(slow_decay, 0, 1)))
       slow_all = jnp.swapaxes(slow_all, 0, 1)  # [batch, K, m]
       slow_before = jnp.concatenate([state["slow"][:, None], slow_all[:, :-1]], axis=1)
       read = read + Projection((d,), (None, "embed"), init_std=cfg.read_init_std, name="read_slow")(slow_before)
@@ -112,6 +134,15 @@ class DualTimescaleMemory(nn.Module):
 
     reads = jnp.repeat(read, cfg.chunk_size, axis=1).astype(x.dtype)  # chunk k's read to its tokens
     return reads, new_state
+
+  def pool(self, chunk_inputs):
+    """[batch, K, chunk_size, d] -> [batch, K, d]: the mean, or softmax pooling with a learned
+    query (no 1/√d: the query starts at zero, where the pooling is the mean, and grows from there)."""
+    if self.config.summary_pool == "mean":
+      return chunk_inputs.mean(axis=2)
+    query = self.param("pool_query", constant_init(0.0, (None,)), (chunk_inputs.shape[-1],))
+    weights = jax.nn.softmax(jnp.einsum("bkcd,d->bkc", chunk_inputs, query), axis=-1)
+    return jnp.einsum("bkc,bkcd->bkd", weights, chunk_inputs)
 
   def initial_state(self, batch):
     return initial_memory_state(self.config, batch)

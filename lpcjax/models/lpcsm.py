@@ -86,6 +86,9 @@ class LPCSMConfig(GateFields, DecoderConfig):
   memory_dim: int = 512
   fast_decay_init: float = 0.5
   slow_decay_init: float = 0.95
+  summary_pool: str = "attention"  # "mean": the chunk mean (the only pooling of runs before issue #32)
+  selective_decay: bool = True  # False: fixed per-channel decays
+  summary_init_std: float | None = None  # W_c's init; None: 1/√d_model (MemoryConfig.init_std says why)
   slow_memory: bool = True  # False: the "− slow memory" ablation (the fast memory stays)
   ont: bool = True  # False: the "− ONT" ablation (plain slow write)
   kappa_max: float = 4.0
@@ -160,6 +163,9 @@ class LPCSMConfig(GateFields, DecoderConfig):
     check_attention_impl(self)
 
     require_choice(self.position_embedding, "model.position_embedding", {"sinusoidal", "none"})
+    require_choice(self.summary_pool, "model.summary_pool", {"mean", "attention"})
+    require(self.summary_init_std is None or self.summary_init_std >= 0, "model.summary_init_std",
+            f"must be >= 0 or None, got {self.summary_init_std}")
     require_choice(self.controller_score, "model.controller_score", {"learned", "affine"})
     require_choice(self.mhc_pre_activation, "model.mhc_pre_activation", {"sigmoid", "softmax"})
     for name in ("mhc_post_spread", "mhc_pre_spread", "mhc_stream_spread"):
@@ -196,8 +202,9 @@ class LPCSMConfig(GateFields, DecoderConfig):
   def memory_config(self):
     return MemoryConfig(d_model=self.d_model, memory_dim=self.memory_dim, chunk_size=self.chunk_size,
                         slow=self.slow_memory, ont=self.ont, fast_decay_init=self.fast_decay_init,
-                        slow_decay_init=self.slow_decay_init, kappa_max=self.kappa_max, kappa_init=self.kappa_init,
-                        init_std=self.init_std)
+                        slow_decay_init=self.slow_decay_init, summary_pool=self.summary_pool,
+                        selective_decay=self.selective_decay, kappa_max=self.kappa_max, kappa_init=self.kappa_init,
+                        init_std=self.summary_init_std)
 
   def controller_config(self):
     return ControllerConfig(ratio_min=self.ratio_min, ratio_max=self.ratio_max, ratio_init=self.ratio_init,
@@ -402,9 +409,14 @@ class LPCSMTrainConfig(TrainConfig):
 
 def upgrade_saved_lpcsm(values):
   """A config.json of an older lpcjax: ``model.controller_temperature`` was removed (issue #21:
-  it never moved the mask); its old default is dropped, any other value stays (and fails)."""
+  it never moved the mask); its old default is dropped, any other value stays (and fails). A run
+  without ``summary_pool`` / ``selective_decay`` was the mean-pooled memory with fixed decays."""
   if values["model"].get("controller_temperature") == 1.0:
     values = {**values, "model": {k: v for k, v in values["model"].items() if k != "controller_temperature"}}
+  # Runs saved before the memory's pooling, selective decays and fan-in summary init (issue #32)
+  # had none of them.
+  values = {**values, "model": {"summary_pool": "mean", "selective_decay": False, "summary_init_std": 0.02,
+                                **values["model"]}}
   return values
 
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -217,16 +219,37 @@ def test_memory_streaming_matches_one_pass(slow, ont):
     np.testing.assert_allclose(state[key], full_state[key], atol=1e-5)
 
 
-def test_memory_states_match_a_naive_loop():
-  layer, params, x = _memory(seq=20)
+def _perturbed_memory(cfg, seq):
+  """The layer with its pooling query and decay shifts off their zero init."""
+  layer, params, x = _memory(cfg, seq=seq)
+  p = dict(params["params"])
+  if cfg.summary_pool == "attention":
+    p["pool_query"] = 0.5 * _normal(5, p["pool_query"].shape)
+  for name in ("fast_decay_shift", "slow_decay_shift"):
+    if name in p:
+      p[name] = {"kernel": 2.0 * _normal(6, p[name]["kernel"].shape)}
+  return layer, {"params": p}, x
+
+
+@pytest.mark.parametrize("pool,selective", [("mean", False), ("attention", True)])
+def test_memory_states_match_a_naive_loop(pool, selective):
+  cfg = dataclasses.replace(MEM, summary_pool=pool, selective_decay=selective)
+  layer, params, x = _perturbed_memory(cfg, seq=20)
   _, state = layer.apply(params, x)
   p = params["params"]
-  c = x.reshape(2, 5, 4, 8).mean(2) @ p["summary"]["kernel"]
-  a = jax.nn.sigmoid(p["fast_decay_logit"])
-  lam = jax.nn.sigmoid(p["slow_decay_logit"])
+  chunks = x.reshape(2, 5, 4, 8)
+  if pool == "mean":
+    pooled = chunks.mean(2)
+  else:  # softmax over each chunk's tokens of q · x_t, written out
+    scores = jnp.exp(jnp.sum(chunks * p["pool_query"], -1))
+    pooled = jnp.sum(chunks * (scores / scores.sum(-1, keepdims=True))[..., None], 2)
+  c = pooled @ p["summary"]["kernel"]
   kappa = 1.0 + 3.0 * jax.nn.sigmoid(p["ont"]["kappa_logit"])
   fast = slow = jnp.zeros((2, 6))
   for k in range(5):
+    shift = lambda name: c[:, k] @ p[name]["kernel"] if selective else 0.0
+    a = jax.nn.sigmoid(p["fast_decay_logit"] + shift("fast_decay_shift"))
+    lam = jax.nn.sigmoid(p["slow_decay_logit"] + shift("slow_decay_shift"))
     fast = a * fast + (1 - a) * c[:, k]
     if k == 0:  # zero state: the whole summary is novel
       par = jnp.zeros_like(slow)
@@ -236,6 +259,20 @@ def test_memory_states_match_a_naive_loop():
     slow = lam * slow + (1 - lam) * (par + kappa * (c[:, k] - par))
   np.testing.assert_allclose(state["fast"], fast, atol=1e-5)
   np.testing.assert_allclose(state["slow"], slow, atol=1e-5)
+
+
+def test_memory_pooling_and_decay_shifts_start_neutral_and_get_gradients():
+  """At init the attention-pooled, selective memory is the mean-pooled one with fixed decays
+  (q = 0, U = 0), and q and both shifts get gradients from the reads at once."""
+  cfg = dataclasses.replace(MEM, read_init_std=0.3)
+  layer, params, x = _memory(cfg, seq=20)
+  plain = DualTimescaleMemory(dataclasses.replace(cfg, summary_pool="mean", selective_decay=False))
+  p = params["params"]
+  kept = {k: v for k, v in p.items() if k not in ("pool_query", "fast_decay_shift", "slow_decay_shift")}
+  np.testing.assert_allclose(layer.apply(params, x)[0], plain.apply({"params": kept}, x)[0], atol=1e-6)
+  grads = jax.grad(lambda p: jnp.sum(jnp.sin(layer.apply({"params": p}, x)[0])))(p)
+  for name in ("pool_query", "fast_decay_shift", "slow_decay_shift"):
+    assert np.abs(np.asarray(jax.tree.leaves(grads[name])[0])).max() > 1e-6, name
 
 
 def test_linear_recurrence_matches_a_loop():

@@ -256,7 +256,11 @@ def test_a_short_run_moves_mhc_and_rho_and_the_fixed_arm_keeps_its_rate():
   np.testing.assert_array_equal(params["layers"]["controller"]["ratio_logit"],
                                 params0["layers"]["controller"]["ratio_logit"])
   assert np.abs(params["layers"]["controller"]["score_weight"] - 1.0).max() > 1e-3
-  assert all(abs(r - TINY.ratio_init) < _rate_tolerance(TINY.ratio_init) for r in rates), rates
+  # The score's weights (and the memory reads the predictor sees) train, so the score's
+  # distribution, and the rate at the fixed threshold, wobble from step to step around ρ.
+  tolerance = _rate_tolerance(TINY.ratio_init)
+  assert abs(np.mean(rates) - TINY.ratio_init) < tolerance, rates
+  assert all(abs(r - TINY.ratio_init) < 1.5 * tolerance for r in rates), rates
 
 
 def test_lr_scales_multiply_the_matching_updates_only():

@@ -185,6 +185,10 @@ class SITHLM(nn.Module):
   # compress the H tokens before c (the fill token before the sequence), and t attends over the
   # L slots and the chunk's tokens c..t. The slots are fixed for a whole chunk and see only
   # slots, so each chunk's slot keys and values are computed once, when its first token comes.
+  # Why recompress per chunk rather than update the slots per token: Φ(t', τ*) ∝ t'^k e^(−k t'/τ*)
+  # is an order-(k + 1) recurrence per slot whose coefficients (Eulerian numbers, summing to k!,
+  # ~1e158 at k = 100) no float format carries, and it is cut at t' = M besides; the slots are
+  # only read at chunk starts, where one matmul over the last H tokens gives them exactly.
 
   def decode(self, tokens, cache):
     cfg = self.config

@@ -15,6 +15,7 @@ import pytest
 
 from lpcjax import models
 from lpcjax.decoding import GREEDY, GenerationError, Sampling, _decode_jit, generate, sample
+from lpcjax.evaluation import score_generated
 from lpcjax.models.decoder import init_cache
 from lpcjax.sharding import DEFAULT_RULES
 
@@ -242,6 +243,10 @@ def test_lpcsm_generate_is_greedy_and_the_stop_head_can_end_it():
       stopped += 1
     assert generated[:len(generated) - int(fired.any())] == greedy[:len(generated) - int(fired.any())]
   assert stopped and any(len(row) < 10 for row in result)
+  # the needle test's generate mode (score_generated) scores LPC-SM through the same generate
+  examples = [(np.asarray(prompt + generated), 0, len(prompt)) for prompt, generated in zip(prompts, result)]
+  decode = lambda prompts, n: generate(family, model, params, prompts, max_new_tokens=n, stop_head=threshold).tokens
+  assert score_generated(decode, examples) == 1.0
 
 
 @pytest.mark.parametrize("delta_pulse,scan_layers", [(False, True), (True, False)])

@@ -2,8 +2,9 @@
 
 For each prompt length P: the time of ``--new-tokens`` cached decode steps (the on-device loop
 of ``lpcjax.decoding``, after prefill) and of ``--recompute-tokens`` forward passes without a
-cache (one compiled shape, so the rate per token does not depend on how many are timed), both
-greedy, after a warm-up, in one process; and the cache's size. Random weights: speed does not
+cache (one compiled shape, so the rate per token does not depend on how many are timed; each
+computes the logits of every position it reads, as the model's forward does), both greedy,
+after a warm-up (decoding: the fastest of 3 runs), in one process; and the cache's size. Random weights: speed does not
 depend on them.
 
 What a forward without a cache reads: FoX and the Transformer the padded sequence (P + new
@@ -44,11 +45,15 @@ def cache_bytes(family, config, max_len):
   return sum(a.nbytes for a in jax.tree.leaves(family.init_cache(config, 1, max_len)))
 
 
-def timed(fn, *args):
-  jax.block_until_ready(fn(*args))  # compile and warm up
-  start = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  return time.perf_counter() - start
+def timed(fn, repeats=1):
+  """The fastest of ``repeats`` runs after a warm-up (the least disturbed by other jobs)."""
+  jax.block_until_ready(fn())  # compile and warm up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return min(times)
 
 
 def forward_without_cache(name, model, prompt_len, new_tokens):
@@ -83,7 +88,7 @@ def measure(family, model, params, prompt_len, new_tokens, recompute_tokens):
   padded = jnp.zeros((1, max(length, prompt_len)), jnp.int32).at[:, :prompt_len].set(tokens)
   forward = jax.jit(forward)
   recompute = lambda: [forward(params, padded) for _ in range(recompute_tokens)][-1]
-  prefill_s, decode_s, recompute_s = timed(prefill), timed(decode), timed(recompute)
+  prefill_s, decode_s, recompute_s = timed(prefill), timed(decode, repeats=3), timed(recompute)
   cached, uncached = new_tokens / decode_s, recompute_tokens / recompute_s
   return {"prompt_len": prompt_len, "new_tokens": new_tokens, "recompute_tokens": recompute_tokens,
           "prefill_s": prefill_s, "cached_tokens_per_s": cached, "recompute_tokens_per_s": uncached,

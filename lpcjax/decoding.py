@@ -30,7 +30,7 @@
 * ``stop_head=p`` (LPC-SM, off by default): a row also ends when the model's stop head gives
   p(the document ends after this token) > p; its next token is then the end token.
 
-Which families decode, and why the others cannot: docs/generation.md. A family that cannot
+Which families decode, and why the others cannot: docs/evaluation.md (Generate). A family that cannot
 raises a one-line ``GenerationError`` with its reason (``Family.no_decoding_reason``).
 """
 

@@ -1,13 +1,21 @@
-"""Cached decoding against recomputing the full forward pass for every new token.
+"""Cached decoding against recomputing the forward pass for every new token.
 
 For each prompt length P: the time of ``--new-tokens`` cached decode steps (the on-device loop
-of ``lpcjax.decoding``, after prefill) and of as many full forward passes over the padded
-sequence (P + new tokens, one compiled shape: what decoding without a cache costs), both greedy,
-after a warm-up, in one process; and the cache's memory per token (keys, values and, for FoX,
-the running sum of log f, per layer, plus the segment id). Random weights: speed does not
+of ``lpcjax.decoding``, after prefill) and of ``--recompute-tokens`` forward passes without a
+cache (one compiled shape, so the rate per token does not depend on how many are timed; each
+computes the logits of every position it reads, as the model's forward does), both greedy,
+after a warm-up (decoding: the fastest of 3 runs), in one process; and the cache's size. Random weights: speed does not
 depend on them.
 
-  python benchmarks/decode.py [--prompt-lens 256 1024 4096] [--new-tokens 16] [--out FILE]
+What a forward without a cache reads: FoX and the Transformer the padded sequence (P + new
+tokens); LPC-SM the same, padded to whole chunks (its memories write chunks); SITH the one
+window of H + m tokens that holds the new token (it reads no further back: ``windowed_logits``).
+FoX's cache grows with the sequence (keys, values, log f per token); LPC-SM's (window, memories,
+chunk buffer) and SITH's (last H tokens, the L slots' and the chunk's keys and values) do not.
+
+  python benchmarks/decode.py [--families fox transformer] [--prompt-lens 256 1024 4096] [--new-tokens 16]
+  python benchmarks/decode.py --families lpcsm sith --prompt-lens 1024 4096 --new-tokens 64 \\
+      --out benchmarks/results/decode_recurrent_cpu.json
 """
 
 import argparse
@@ -20,64 +28,99 @@ from results_file import write_results
 
 from lpcjax import models
 from lpcjax.decoding import GREEDY, _decode_jit, _prefill_jit
+from lpcjax.models.sith import history_fill
 
-SIZES = dict(vocab_size=50257, d_model=128, num_layers=4, num_heads=4, mlp_multiple_of=64, tie_embeddings=True)
-
-
-def cache_bytes_per_token(family, config, max_len=1024):
-  cache = family.init_cache(config, 1, max_len)
-  per_position = sum(a.nbytes for a in jax.tree.leaves(cache["layers"]) if a.ndim >= 3 and a.shape[2] == max_len)
-  return (per_position + cache["segments"].nbytes) / max_len
-
-
-def timed(fn, *args):
-  jax.block_until_ready(fn(*args))  # compile and warm up
-  start = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  return time.perf_counter() - start
+SIZES = dict(vocab_size=50257, d_model=128, num_layers=4, num_heads=4)
+FAMILY_SIZES = {
+    "fox": dict(mlp_multiple_of=64, tie_embeddings=True),
+    "transformer": dict(mlp_multiple_of=64, tie_embeddings=True),
+    # the 158M model's chunk and window, at this width
+    "lpcsm": dict(mlp_multiple_of=64, attention_window=256, chunk_size=64, memory_dim=128, attention_impl="xla"),
+    # L = 37 slots compress H = 512 tokens (sith:L37's filters), chunks of m = 64
+    "sith": dict(mlp_dim=512, num_filters=37, chunk_len=64),
+}
 
 
-def measure(family, model, params, prompt_len, new_tokens):
+def cache_bytes(family, config, max_len):
+  return sum(a.nbytes for a in jax.tree.leaves(family.init_cache(config, 1, max_len)))
+
+
+def timed(fn, repeats=1):
+  """The fastest of ``repeats`` runs after a warm-up (the least disturbed by other jobs)."""
+  jax.block_until_ready(fn())  # compile and warm up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def forward_without_cache(name, model, prompt_len, new_tokens):
+  """(the length of the sequence it takes, fn(params, tokens) -> the greedy token after P)."""
+  config = model.config
+  if name == "sith":  # the window of the token at P: its chunk [c, c + m) and the H tokens before
+    start = prompt_len // config.chunk_len * config.chunk_len
+
+    def window_forward(params, tokens):
+      padded = jnp.concatenate([jnp.full((1, config.history_len), history_fill(config), tokens.dtype), tokens], axis=1)
+      window = padded[:, start:start + config.window_len]  # padded position start = sequence position start - H
+      return jnp.argmax(model.apply(params, window)[0, prompt_len - start])
+
+    return start + config.chunk_len, window_forward
+  length = prompt_len + new_tokens
+  if name == "lpcsm":
+    length = -(-length // config.chunk_size) * config.chunk_size
+  return length, lambda p, x: jnp.argmax(model.apply(p, x)[0, prompt_len - 1])
+
+
+def measure(family, model, params, prompt_len, new_tokens, recompute_tokens):
   max_len = prompt_len + new_tokens
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50257, (1, prompt_len)), jnp.int32)
   lengths = jnp.asarray([prompt_len], jnp.int32)
   key = jax.random.PRNGKey(0)
-  prefill = lambda: _prefill_jit(model, family.init_cache, GREEDY, max_len, params, tokens, None, lengths, key)
+  prefill = lambda: _prefill_jit(model, family.init_cache, family.prefill, GREEDY, max_len, None, None, params,
+                                 tokens, None, lengths, key)
   first, cache = prefill()
-  decode = lambda: _decode_jit(model, GREEDY, None, None, params, cache, first, key, jnp.int32(new_tokens))[0]
-  padded = jnp.zeros((1, max_len), jnp.int32).at[:, :prompt_len].set(tokens)
-  forward = jax.jit(lambda p, x: jnp.argmax(model.apply(p, x)[0, prompt_len - 1]))
-  recompute = lambda: [forward(params, padded) for _ in range(new_tokens)][-1]
-  prefill_s, decode_s, recompute_s = timed(prefill), timed(decode), timed(recompute)
-  return {"prompt_len": prompt_len, "new_tokens": new_tokens, "prefill_s": prefill_s,
-          "cached_tokens_per_s": new_tokens / decode_s, "recompute_tokens_per_s": new_tokens / recompute_s,
-          "speedup": recompute_s / decode_s}
+  decode = lambda: _decode_jit(model, GREEDY, None, None, max_len, None, params, cache, first, key,
+                               jnp.int32(new_tokens))[0]
+  length, forward = forward_without_cache(family.name, model, prompt_len, new_tokens)
+  padded = jnp.zeros((1, max(length, prompt_len)), jnp.int32).at[:, :prompt_len].set(tokens)
+  forward = jax.jit(forward)
+  recompute = lambda: [forward(params, padded) for _ in range(recompute_tokens)][-1]
+  prefill_s, decode_s, recompute_s = timed(prefill), timed(decode, repeats=3), timed(recompute)
+  cached, uncached = new_tokens / decode_s, recompute_tokens / recompute_s
+  return {"prompt_len": prompt_len, "new_tokens": new_tokens, "recompute_tokens": recompute_tokens,
+          "prefill_s": prefill_s, "cached_tokens_per_s": cached, "recompute_tokens_per_s": uncached,
+          "speedup": cached / uncached, "cache_bytes": cache_bytes(family, model.config, max_len)}
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--prompt-lens", type=int, nargs="+", default=[256, 1024, 4096])
   parser.add_argument("--new-tokens", type=int, default=16)
-  parser.add_argument("--families", nargs="+", default=["fox", "transformer"])
+  parser.add_argument("--recompute-tokens", type=int, default=None, help="forwards timed (default: --new-tokens)")
+  parser.add_argument("--families", nargs="+", default=["fox", "transformer"], choices=sorted(FAMILY_SIZES))
   parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/decode_<backend>.json)")
   args = parser.parse_args()
 
-  rows = []
+  rows, sizes = [], {}
   print(f"{'family':>12} {'prompt':>7} {'cached tok/s':>13} {'recompute tok/s':>16} {'speed-up':>9} "
-        f"{'cache B/token':>14}")
+        f"{'prefill s':>10} {'cache MiB':>10}")
   for name in args.families:
     family = models.get(name)
-    config = family.config_cls(**SIZES)
+    sizes[name] = {**SIZES, **FAMILY_SIZES[name]}
+    config = family.config_cls(**sizes[name])
     model = family.build(config)
-    params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
-    per_token = cache_bytes_per_token(family, config)
+    example = jnp.zeros((1, getattr(config, "window_len", 64)), jnp.int32)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), example)
     for prompt_len in args.prompt_lens:
-      row = {"family": name, "cache_bytes_per_token": per_token, **measure(family, model, params, prompt_len,
-                                                                            args.new_tokens)}
+      row = {"family": name, **measure(family, model, params, prompt_len, args.new_tokens,
+                                       args.recompute_tokens or args.new_tokens)}
       rows.append(row)
       print(f"{name:>12} {prompt_len:>7} {row['cached_tokens_per_s']:>13.1f} {row['recompute_tokens_per_s']:>16.2f} "
-            f"{row['speedup']:>8.1f}x {per_token:>14.0f}")
-  write_results("decode", {"model": SIZES, "batch": 1, "rows": rows}, args.out)
+            f"{row['speedup']:>8.1f}x {row['prefill_s']:>10.2f} {row['cache_bytes'] / 2**20:>10.2f}", flush=True)
+  write_results("decode", {"models": sizes, "batch": 1, "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

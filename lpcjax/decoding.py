@@ -23,8 +23,15 @@
   may come once per device, so keep the steps and print each once, in order, as ``TokenPrinter``
   does).
 
-Families without cached decoding (``Family.init_cache`` None, e.g. SITH, which reads fixed
-windows of compressed history) raise a one-line ``GenerationError``.
+* Recurrent caches (LPC-SM, SITH: ``Family.prefill`` is ``prefill_by_steps``) hold a state of
+  fixed size, not every position; a parallel pass cannot leave each row of a right-padded batch
+  at its own length, so their prompts are fed through the same one-token step, a row keeping
+  its cache once its prompt has ended.
+* ``stop_head=p`` (LPC-SM, off by default): a row also ends when the model's stop head gives
+  p(the document ends after this token) > p; its next token is then the end token.
+
+Which families decode, and why the others cannot: docs/evaluation.md (Generate). A family that cannot
+raises a one-line ``GenerationError`` with its reason (``Family.no_decoding_reason``).
 """
 
 import dataclasses
@@ -83,16 +90,61 @@ class GenerationResult:
   prompt_lengths: list
 
 
-def _prefill(model, init_cache, sampling, max_len, params, tokens, segment_ids, lengths, key):
+def select_rows(keep, new, old):
+  """The cache ``new`` where keep [batch] is True, else ``old``. A cache's "layers" subtree is
+  stacked over layers (batch on axis 1); every other leaf has batch first."""
+  def pick(axis):
+    def one(a, b):
+      shape = [1] * a.ndim
+      shape[axis] = keep.shape[0]
+      return jnp.where(keep.reshape(shape), a, b)
+    return one
+  return {name: jax.tree.map(pick(1 if name == "layers" else 0), value, old[name]) for name, value in new.items()}
+
+
+def prefill_by_steps(model, params, tokens, segment_ids, cache, lengths):
+  """A ``Family.prefill`` for recurrent caches: the right-padded prompts tokens [batch, P] go
+  through the one-token step in a ``lax.scan``; a row past its prompt length keeps its cache.
+  Returns (the logits [batch, vocab] after each row's last prompt token, the cache)."""
+  if segment_ids is not None:
+    raise GenerationError("generate: this family's decoding does not take segment_ids")
+
+  def one_token(carry, column):
+    cache, last = carry
+    position, token = column
+    logits, stepped = model.apply(params, token[:, None], None, cache)
+    active = position < lengths
+    return (select_rows(active, stepped, cache), jnp.where(active[:, None], logits[:, 0], last)), None
+
+  first, _ = jax.eval_shape(lambda c: model.apply(params, tokens[:, :1], None, c), cache)
+  last = jnp.zeros((tokens.shape[0], first.shape[-1]), first.dtype)
+  columns = (jnp.arange(tokens.shape[1]), jnp.swapaxes(tokens, 0, 1))
+  (cache, last), _ = jax.lax.scan(one_token, (cache, last), columns)
+  return last, cache
+
+
+def _stopped(cache, stop_head):
+  """Rows whose stop head says the document ends after their last token."""
+  return jax.nn.sigmoid(cache["stop_logits"]) > stop_head
+
+
+def _prefill(model, init_cache, prefill, sampling, max_len, stop_head, end_token, params, tokens, segment_ids,
+             lengths, key):
   cache = init_cache(model.config, tokens.shape[0], max_len)
-  cache = {**cache, "lengths": lengths}
-  logits, cache = model.apply(params, tokens, segment_ids, cache)
-  last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
-  return sample(last, jax.random.fold_in(key, 0), sampling), cache
+  if prefill is None:
+    cache = {**cache, "lengths": lengths}
+    logits, cache = model.apply(params, tokens, segment_ids, cache)
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+  else:
+    last, cache = prefill(model, params, tokens, segment_ids, cache, lengths)
+  first = sample(last, jax.random.fold_in(key, 0), sampling)
+  if stop_head is not None:
+    first = jnp.where(_stopped(cache, stop_head), end_token, first)
+  return first, cache
 
 
-def _decode(model, sampling, end_token, on_token, params, cache, first, key, steps):
-  batch, max_len = cache["segments"].shape
+def _decode(model, sampling, end_token, on_token, max_len, stop_head, params, cache, first, key, steps):
+  batch = first.shape[0]
   out = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(first)
   done = jnp.zeros((batch,), bool) if end_token is None else first == end_token
   if on_token is not None:
@@ -106,6 +158,8 @@ def _decode(model, sampling, end_token, on_token, params, cache, first, key, ste
     step, token, cache, out, done = state
     logits, cache = model.apply(params, token[:, None], None, cache)
     token = sample(logits[:, 0], jax.random.fold_in(key, step), sampling)
+    if stop_head is not None:
+      token = jnp.where(_stopped(cache, stop_head), end_token, token)
     if end_token is not None:
       token = jnp.where(done, end_token, token)
       done = done | (token == end_token)
@@ -117,8 +171,8 @@ def _decode(model, sampling, end_token, on_token, params, cache, first, key, ste
   return out, step
 
 
-_prefill_jit = jax.jit(_prefill, static_argnums=(0, 1, 2, 3))
-_decode_jit = jax.jit(_decode, static_argnums=(0, 1, 2, 3))
+_prefill_jit = jax.jit(_prefill, static_argnums=(0, 1, 2, 3, 4, 5, 6))
+_decode_jit = jax.jit(_decode, static_argnums=(0, 1, 2, 3, 4, 5))
 
 
 class TokenPrinter:
@@ -136,10 +190,9 @@ class TokenPrinter:
 
 
 def check_decodes(family):
-  """A one-line GenerationError for a family without cached decoding."""
+  """A one-line GenerationError, with the family's reason, for a family without cached decoding."""
   if family.init_cache is None:
-    raise GenerationError(f"the {family.name} family cannot decode token by token (it registers no decoding "
-                          "cache: Family.init_cache is None); evaluate it with eval.py")
+    raise GenerationError(f"the {family.name} family cannot decode token by token: {family.no_decoding_reason}")
 
 
 def right_padded(rows, width, fill=0):
@@ -150,11 +203,19 @@ def right_padded(rows, width, fill=0):
 
 
 def generate(family, model, params, prompts, *, max_new_tokens, max_len=None, sampling=GREEDY, seed=0,
-             end_token=None, segment_ids=None, on_token: Optional[Callable] = None):
+             end_token=None, segment_ids=None, on_token: Optional[Callable] = None, stop_head=None):
   """Continue each prompt (a list of token ids; ``segment_ids`` the same shape, optional) by up
   to ``max_new_tokens`` tokens. ``params`` is the variables dict model.apply takes
-  ({"params": ...}); ``max_len`` (default: longest prompt + max_new_tokens) sizes the cache."""
+  ({"params": ...}); ``max_len`` (default: longest prompt + max_new_tokens) sizes the cache.
+  ``stop_head`` (a probability, None: off): a row ends when the model's stop head (LPC-SM)
+  exceeds it, with ``end_token`` (default: the model's ``stop_token``) as its last token."""
   check_decodes(family)
+  if stop_head is not None:
+    if not getattr(model.config, "stop_head", False):
+      raise GenerationError(f"generate: stop_head needs a model with a stop head; the {family.name} model has none")
+    if not 0 < stop_head < 1:
+      raise GenerationError(f"generate: stop_head must be a probability in (0, 1), got {stop_head}")
+    end_token = model.config.resolved_stop_token if end_token is None else end_token
   lengths = [len(p) for p in prompts]
   if not prompts or min(lengths) == 0:
     raise GenerationError("generate: every prompt needs at least one token")
@@ -168,9 +229,10 @@ def generate(family, model, params, prompts, *, max_new_tokens, max_len=None, sa
   tokens = jnp.asarray(right_padded(prompts, width))
   segments = None if segment_ids is None else jnp.asarray(right_padded(segment_ids, width))
   key = jax.random.PRNGKey(seed)
-  first, cache = _prefill_jit(model, family.init_cache, sampling, max_len, params, tokens, segments,
-                              jnp.asarray(lengths, jnp.int32), key)
-  out, steps = _decode_jit(model, sampling, end_token, on_token, params, cache, first, key, jnp.int32(max_new_tokens))
+  first, cache = _prefill_jit(model, family.init_cache, family.prefill, sampling, max_len, stop_head, end_token,
+                              params, tokens, segments, jnp.asarray(lengths, jnp.int32), key)
+  out, steps = _decode_jit(model, sampling, end_token, on_token, max_len, stop_head, params, cache, first, key,
+                           jnp.int32(max_new_tokens))
   out, steps = np.asarray(out), int(steps)
   rows = []
   for row in out[:, :steps]:

@@ -8,6 +8,10 @@ One prompt per line in --prompts FILE (a batch, right-padded). Tokens are printe
 drawn for a single prompt; a batch prints each row when done. The tokenizer is the run's GPT-2
 tokenizer: --tokenizer-file, else the rank file the run recorded (``data.tokenizer_file``), else
 $LPCJAX_TIKTOKEN_FILE, else tiktoken's download; generation stops at <|endoftext|> unless --no-stop.
+
+Families that decode: fox, transformer, lpcsm (--stop-head P also ends a row when its stop head
+says the text ends, off by default), sith. pmt cannot: it is a time-series encoder, with no
+tokens to draw. See docs/evaluation.md (Generation).
 """
 
 import argparse
@@ -51,6 +55,8 @@ def parse_args(argv):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   parser.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
+  parser.add_argument("--stop-head", type=float, default=None, metavar="P",
+                      help="lpcsm: also end a row when the stop head's p(text ends here) > P (default: off)")
   parser.add_argument("--tokenizer-file", default=None,
                       help="tiktoken rank file of the GPT-2 tokenizer, instead of the run's "
                            "recorded one")
@@ -92,7 +98,8 @@ def main(argv=None):
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
                         max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
-                        on_token=TokenPrinter(stream, sys.stdout) if len(prompts) == 1 else None)
+                        on_token=TokenPrinter(stream, sys.stdout) if len(prompts) == 1 else None,
+                        stop_head=args.stop_head)
     return prompts, result, decode, tokenizer, stream
 
   # OSError: an unreadable --prompts file; ValueError: a --token-ids entry that is no integer.

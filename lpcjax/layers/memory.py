@@ -83,21 +83,32 @@ class DualTimescaleMemory(nn.Module):
   so nothing from its own chunk or later leaks in. The new state {"fast", "slow"} [batch, m] is
   the state after the last chunk: calling the layer chunk by chunk with the carried state gives
   the same reads as one pass over the whole sequence.
+
+  One token at a time (``token``: {"chunk_inputs" [batch, chunk_size, d] float32, the inputs of
+  the current chunk so far, "position" [batch] the token's stream position}; x [batch, 1, d]):
+  the token is written into ``chunk_inputs`` at position % chunk_size and reads the carried
+  state; a row whose token completes its chunk writes that chunk's summary, the same K = 1 pass
+  of the equations above over the buffered chunk. Returns (reads, (new state, new chunk_inputs)).
   """
 
   config: MemoryConfig
 
   @nn.compact
-  def __call__(self, x, state=None):
+  def __call__(self, x, state=None, token=None):
     cfg = self.config
     batch, seq, d = x.shape
-    if seq % cfg.chunk_size:
-      raise ValueError(f"seq {seq} must be a multiple of chunk_size {cfg.chunk_size}")
-    num_chunks, m = seq // cfg.chunk_size, cfg.memory_dim
+    m = cfg.memory_dim
     if state is None:
       state = self.initial_state(batch)
-
-    chunk_inputs = x.astype(jnp.float32).reshape(batch, num_chunks, cfg.chunk_size, d)
+    if token is None:
+      if seq % cfg.chunk_size:
+        raise ValueError(f"seq {seq} must be a multiple of chunk_size {cfg.chunk_size}")
+      chunk_inputs = x.astype(jnp.float32).reshape(batch, seq // cfg.chunk_size, cfg.chunk_size, d)
+    else:  # one token: buffer it; its row's chunk is complete when it is the chunk's last token
+      offset = token["position"] % cfg.chunk_size
+      here = jnp.arange(cfg.chunk_size)[None, :, None] == offset[:, None, None]
+      buffered = jnp.where(here, x.astype(jnp.float32), token["chunk_inputs"])
+      chunk_inputs = buffered[:, None]  # [batch, K = 1, chunk_size, d]
     summary_std = d ** -0.5 if cfg.init_std is None else cfg.init_std
     summaries = Projection((m,), ("embed", None), init_std=summary_std, name="summary")(self.pool(chunk_inputs))
 
@@ -132,6 +143,10 @@ class DualTimescaleMemory(nn.Module):
       read = read + Projection((d,), (None, "embed"), init_std=cfg.read_init_std, name="read_slow")(slow_before)
       new_state["slow"] = final_slow
 
+    if token is not None:  # the read is the carried state's (K = 1); only a completed chunk writes
+      complete = (offset == cfg.chunk_size - 1)[:, None]
+      new_state = jax.tree.map(lambda new, old: jnp.where(complete, new, old), new_state, state)
+      return read.astype(x.dtype), (new_state, buffered)
     reads = jnp.repeat(read, cfg.chunk_size, axis=1).astype(x.dtype)  # chunk k's read to its tokens
     return reads, new_state
 
@@ -152,3 +167,8 @@ def initial_memory_state(config, batch):
   """The empty state of ``DualTimescaleMemory(config)``: both states zero."""
   zeros = jnp.zeros((batch, config.memory_dim), jnp.float32)
   return {"fast": zeros, "slow": zeros}
+
+
+def initial_chunk_inputs(config, batch):
+  """The empty buffer of the current chunk's inputs, for one-token calls (``token``)."""
+  return jnp.zeros((batch, config.chunk_size, config.d_model), jnp.float32)

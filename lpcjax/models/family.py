@@ -36,7 +36,11 @@ class Family:
   * ``throughput_unit`` and ``units_per_example(config)``: what the progress bar counts.
   * ``init_cache(config, batch, max_len)``: for families that decode token by token
     (``lpcjax.decoding``), an empty cache that ``module.apply(params, tokens, segment_ids,
-    cache)`` prefills and then extends one token at a time; None: no cached decoding.
+    cache)`` prefills and then extends one token at a time; None: no cached decoding, and
+    ``no_decoding_reason`` says why (``generate`` prints it).
+  * ``prefill(model, params, tokens, segment_ids, cache, lengths) -> (last logits [batch,
+    vocab], cache)``: how a cache that a parallel pass cannot fill takes the right-padded
+    prompts (``lpcjax.decoding.prefill_by_steps``); None: ``module.apply`` with the cache.
   * ``context_parallel``: whether the model may run with its sequence sharded over the mesh's
     "context" axis (``train.mesh_context``): every op that mixes positions is either attention
     (context-parallel) or partitioned correctly by GSPMD without gathering the sequence. A
@@ -62,6 +66,8 @@ class Family:
   throughput_unit: str = "examples"
   units_per_example: Callable = lambda config: 1
   init_cache: Optional[Callable] = None
+  prefill: Optional[Callable] = None
+  no_decoding_reason: str = "its family registers no decoding cache"
   context_parallel: bool = False
   train_config_cls: type = TrainConfig
   upgrade_saved: Callable[[dict], dict] = lambda values: values

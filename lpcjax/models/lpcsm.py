@@ -33,10 +33,11 @@ import jax.numpy as jnp
 import optax
 
 from lpcjax.config import TrainConfig, check_scale_rules, require, require_choice
+from lpcjax.decoding import prefill_by_steps
 from lpcjax.layers.attention import AttentionConfig, ForgettingAttention, init_window_cache
 from lpcjax.layers.common import Projection, RMSNorm, TokenEmbed, constant_init, dtype_of, normal_init
 from lpcjax.layers.controller import ControllerConfig, SparseController, initial_stats
-from lpcjax.layers.memory import DualTimescaleMemory, MemoryConfig, initial_memory_state
+from lpcjax.layers.memory import DualTimescaleMemory, MemoryConfig, initial_chunk_inputs, initial_memory_state
 from lpcjax.layers.mhc import MHC, MHCConfig, collapse_streams, expand_streams
 from lpcjax.layers.mlp import MLPConfig, SwiGLU, swiglu_hidden_size
 from lpcjax.losses import masked_cross_entropy, scored_positions
@@ -218,13 +219,13 @@ class LPCSMConfig(GateFields, DecoderConfig):
 
 
 def sinusoidal_positions(positions, d, scale):
-  """positions [seq] int -> [seq, d] float32: sin/cos pairs at wavelengths 2π · 10000^(2i/d)
+  """positions [...] int -> [..., d] float32: sin/cos pairs at wavelengths 2π · 10000^(2i/d)
   (Vaswani et al.), times ``scale`` · √2 so that the RMS over channels is ``scale``."""
   half = d // 2
   freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / max(half, 1))
-  angle = positions.astype(jnp.float32)[:, None] * freq[None, :]
+  angle = positions.astype(jnp.float32)[..., None] * freq
   table = jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
-  table = jnp.pad(table, ((0, 0), (0, d - 2 * half)))
+  table = jnp.pad(table, ((0, 0),) * (table.ndim - 1) + ((0, d - 2 * half),))
   return table * (scale * jnp.sqrt(2.0 * d / max(2 * half, 1)))
 
 
@@ -245,6 +246,7 @@ class LPCSMBlock(nn.Module):
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
     norm = lambda name: RMSNorm(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, name=name)
     streaming = state is not None
+    decoding = streaming and "chunk_inputs" in state  # one token per row (init_cache), else chunks
     new_state, aux = {}, {}
     mhc = MHC(cfg.mhc_config(), name="mhc") if cfg.mhc else None
     h = mhc.mix_in(x) if mhc else x[..., 0, :]
@@ -255,7 +257,12 @@ class LPCSMBlock(nn.Module):
     else:
       a = attention(norm("attn_norm")(h))
     memory = DualTimescaleMemory(cfg.memory_config(), name="memory")
-    reads, new_state["memory"] = memory(norm("memory_norm")(h + a), state["memory"] if streaming else None)
+    if decoding:
+      token = {"chunk_inputs": state["chunk_inputs"], "position": position[:, 0]}
+      reads, (new_state["memory"], new_state["chunk_inputs"]) = memory(norm("memory_norm")(h + a), state["memory"],
+                                                                       token)
+    else:
+      reads, new_state["memory"] = memory(norm("memory_norm")(h + a), state["memory"] if streaming else None)
     y = a + reads
 
     if cfg.predictive_coding:
@@ -292,12 +299,29 @@ def init_state(config, batch):
   return {"position": jnp.zeros((), jnp.int32), "layers": stacked}
 
 
+def init_cache(config, batch, max_len=None):
+  """The empty decoding cache of an LPC-SM model (``lpcjax.decoding``): one token per row per
+  call. It is the streaming state (each layer's window of the last ``attention_window − 1``
+  keys and values, fast and slow memory, controller statistics, last attention output) plus
+  each layer's buffer of the current chunk's memory inputs, a position per row (rows of a batch
+  sit at different positions) and the stop head's last logit per row. Its size does not grow
+  with the sequence: ``max_len`` is not needed."""
+  del max_len
+  state = init_state(config, batch)
+  buffer = initial_chunk_inputs(config.memory_config(), batch)
+  layers = {**state["layers"], "chunk_inputs": jnp.broadcast_to(buffer, (config.num_layers,) + buffer.shape)}
+  return {"position": jnp.zeros((batch,), jnp.int32), "layers": layers,
+          "stop_logits": jnp.zeros((batch,), jnp.float32)}
+
+
 class LPCSM(nn.Module):
   """tokens [batch, seq] -> logits [batch, seq, vocab] float32 (causal).
 
   ``return_aux=True``: (logits, extras) with the stop head's logits [batch, seq] and the
   auxiliary scalars averaged over layers (what ``lpcsm_loss`` needs). ``state`` (``init_state``):
-  (logits, new state), streaming. seq must be a multiple of ``chunk_size``.
+  (logits, new state), streaming. seq must be a multiple of ``chunk_size``. ``state`` a decoding
+  cache (``init_cache``): tokens [batch, 1], one token per row at its row's position; returns
+  (logits [batch, 1, vocab], the cache advanced by one token, with the stop head's logit).
   """
 
   config: LPCSMConfig
@@ -308,13 +332,19 @@ class LPCSM(nn.Module):
     if segment_ids is not None:
       raise ValueError("lpcsm does not take segment_ids: its chunked memories do not restart at document "
                        "boundaries (set data.segment_ids=false)")
-    if tokens.shape[1] % cfg.chunk_size:
+    decoding = state is not None and "chunk_inputs" in state["layers"]
+    if decoding and tokens.shape[1] != 1:
+      raise ValueError(f"lpcsm: a decoding cache takes one token per row, got {tokens.shape[1]} "
+                       "(lpcjax.decoding.prefill_by_steps feeds a prompt)")
+    if not decoding and tokens.shape[1] % cfg.chunk_size:
       raise ValueError(f"lpcsm: sequence length {tokens.shape[1]} must be a multiple of "
                        f"model.chunk_size={cfg.chunk_size}")
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
     embed = TokenEmbed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
                        embedding_init=normal_init(cfg.init_std, ("vocab", "embed")), name="embed")
     position = jnp.zeros((), jnp.int32) if state is None else state["position"]
+    if decoding:  # [batch, 1]: each row's own position, broadcast where a stream has one scalar
+      position = position[:, None]
     h0 = embed(tokens)
     if cfg.position_embedding == "sinusoidal":
       positions = position + jnp.arange(tokens.shape[1])
@@ -332,6 +362,9 @@ class LPCSM(nn.Module):
       extras["stop_logits"] = nn.Dense(1, dtype=jnp.float32, param_dtype=param_dtype,
                                        kernel_init=normal_init(cfg.init_std, ("embed", None)),
                                        bias_init=constant_init(0.0, (None,)), name="stop_head")(x)[..., 0]
+    if decoding:
+      stop = extras["stop_logits"][:, 0] if cfg.stop_head else state["stop_logits"]
+      return logits, {"position": position[:, 0] + 1, "layers": layer_states, "stop_logits": stop}
     if state is not None:
       return logits, {"position": position + tokens.shape[1], "layers": layer_states}
     return (logits, extras) if return_aux else logits
@@ -422,4 +455,5 @@ def upgrade_saved_lpcsm(values):
 
 register(language_model_family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm,
                                evaluator=language_model_evaluator(chunk_padded_logits),
+                               init_cache=init_cache, prefill=prefill_by_steps,
                                train_config_cls=LPCSMTrainConfig, upgrade_saved=upgrade_saved_lpcsm))

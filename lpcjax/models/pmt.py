@@ -316,4 +316,6 @@ class PMTTrainConfig(TrainConfig):
 
 register(Family("pmt", PMTConfig, PMT, loss=pmt_loss, example_inputs=series_inputs, data_kinds=("series",),
                 check=check_series, evaluator=SeriesEvaluator, mutable=("batch_stats",), rng_streams=("dropout",),
-                throughput_unit="series", units_per_example=lambda config: 1, train_config_cls=PMTTrainConfig))
+                throughput_unit="series", units_per_example=lambda config: 1, train_config_cls=PMTTrainConfig,
+                no_decoding_reason="it is a time-series encoder (real-valued patches in, representations out), "
+                                   "not a language model: there are no tokens to draw"))

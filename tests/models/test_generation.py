@@ -1,7 +1,11 @@
 """Cached decoding: every decode step's logits equal a full forward over the same prefix
 (transformer and fox, LLaMA and Pro blocks, reference and xla prefill, prompts of different
-lengths with segment ids); greedy = repeated argmax; seeded sampling; top-k/top-p sets; one
-compilation of the decode loop; early stop; sharded caches; one-line errors; the CLI."""
+lengths with segment ids; LPC-SM across chunk boundaries and past its window; SITH against its
+windowed forward); greedy = repeated argmax; seeded sampling; top-k/top-p sets; one
+compilation of the decode loop; early stop, and LPC-SM's stop head; sharded caches; one-line
+errors; the CLI."""
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -11,6 +15,7 @@ import pytest
 
 from lpcjax import models
 from lpcjax.decoding import GREEDY, GenerationError, Sampling, _decode_jit, generate, sample
+from lpcjax.evaluation import score_generated
 from lpcjax.models.decoder import init_cache
 from lpcjax.sharding import DEFAULT_RULES
 
@@ -121,9 +126,11 @@ def test_errors_are_one_line():
     generate(family, model, params, [[]], max_new_tokens=2)
   with pytest.raises(GenerationError, match="top_p"):
     Sampling(top_p=0.0)
-  sith = models.get("sith")
-  with pytest.raises(GenerationError, match="sith family cannot decode token by token"):
-    generate(sith, None, None, [[1]], max_new_tokens=1)
+  pmt = models.get("pmt")
+  with pytest.raises(GenerationError, match="pmt family cannot decode token by token: it is a time-series encoder"):
+    generate(pmt, None, None, [[1]], max_new_tokens=1)
+  with pytest.raises(GenerationError, match="stop_head needs a model with a stop head"):
+    generate(family, model, params, [[1]], max_new_tokens=1, stop_head=0.5)
 
 
 def test_generate_command_streams_tokens(tmp_path, capsys):
@@ -162,3 +169,98 @@ def test_streamed_text_is_what_batch_decoding_prints(shared_data, text):
       printer(step, np.array([token]))
     out.write(stream.flush())
     assert out.getvalue() == tokenizer.decode([t for t in sequence if t < tokenizer.n_vocab])
+
+
+# ------------------------------------------------------------------ recurrent caches: lpcsm, sith
+
+def _perturbed(variables, seed=5, scale=0.3):
+  """Every parameter moved off its init (zero memory reads and correction, identity mHC, α = 0),
+  so that each path of the step is exercised."""
+  leaves, tree = jax.tree.flatten(nn.meta.unbox(variables))
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+@functools.cache
+def lpcsm_setup():
+  """A tiny LPC-SM with every mechanism on and every parameter moved (the correction's W_c
+  nonzero), and its jitted forward (logits, extras), shared by the tests below. Window 6 and
+  chunks of 4: 20 positions cross 4 chunk boundaries and run past the window."""
+  config = models.LPCSMConfig(vocab_size=48, d_model=32, num_layers=2, num_heads=2, mlp_multiple_of=32,
+                              attention_window=6, chunk_size=4, memory_dim=16, num_streams=3, attention_impl="xla",
+                              position_embedding="sinusoidal", correction_init_std=0.5)
+  family = models.get("lpcsm")
+  model = family.build(config)
+  params = _perturbed(jax.jit(model.init)(jax.random.PRNGKey(1), jnp.zeros((1, 8), jnp.int32)))
+  return family, model, params, jax.jit(lambda p, x: model.apply(p, x, return_aux=True))
+
+
+def assert_steps_equal(family, model, params, full, reference, lengths, steps):
+  """Prefill right-padded prompts of ``lengths`` with the family's prefill, then decode
+  ``steps`` tokens; every step's logits equal ``reference`` [batch, T, vocab] at its position."""
+  rows = np.arange(len(lengths))
+  cache = family.init_cache(model.config, len(lengths), None)
+  prompts = jnp.asarray(np.where(np.arange(full.shape[1])[None] < lengths[:, None], full, 0)[:, :max(lengths)])
+  last, cache = jax.jit(lambda p, x, c: family.prefill(model, p, x, None, c, jnp.asarray(lengths)))(params, prompts,
+                                                                                                      cache)
+  np.testing.assert_allclose(np.asarray(last), reference[rows, lengths - 1], atol=1e-5, rtol=1e-5)
+  step = jax.jit(lambda p, token, c: model.apply(p, token, None, c))
+  for t in range(steps):
+    logits, cache = step(params, full[rows, lengths + t][:, None], cache)
+    np.testing.assert_allclose(np.asarray(logits)[:, 0], reference[rows, lengths + t], atol=1e-5, rtol=1e-5)
+  np.testing.assert_array_equal(cache["position"], lengths + steps)
+
+
+def test_lpcsm_decode_steps_equal_full_forward():
+  """Prompts of 3 and 6 tokens, then 14 steps: positions 3..19, past the window (6) and across
+  the chunk boundaries at 4, 8, 12, 16."""
+  family, model, params, forward = lpcsm_setup()
+  full = np.random.default_rng(0).integers(0, 48, (2, 20)).astype(np.int32)
+  assert_steps_equal(family, model, params, full, np.asarray(forward(params, full)[0]), np.array([3, 6]), 14)
+
+
+def test_lpcsm_generate_is_greedy_and_the_stop_head_can_end_it():
+  """With ``stop_head=p`` a row ends, with the stop token, at the first step whose stop
+  probability exceeds p; every token before it is the full forward's argmax. (Off by default:
+  the other generate tests run without it.)"""
+  family, model, params, forward = lpcsm_setup()
+  prompts = [[1, 2, 3, 4, 5], [7, 8]]
+  probe = np.random.default_rng(2).integers(0, 48, (2, 20)).astype(np.int32)
+  threshold = float(np.quantile(jax.nn.sigmoid(forward(params, probe)[1]["stop_logits"]), 0.7))
+  result = generate(family, model, params, prompts, max_new_tokens=10, stop_head=threshold).tokens
+  stop_token = model.config.resolved_stop_token
+  padded = np.zeros((2, 20), np.int32)
+  for row, (prompt, generated) in enumerate(zip(prompts, result)):
+    padded[row, :len(prompt) + len(generated)] = prompt + generated
+  logits, extras = forward(params, padded)
+  stopped = 0
+  for row, (prompt, generated) in enumerate(zip(prompts, result)):
+    positions = np.arange(len(prompt) - 1, len(prompt) + len(generated) - 1)  # where each token was drawn
+    fired = np.asarray(jax.nn.sigmoid(extras["stop_logits"][row, positions])) > threshold
+    greedy = np.argmax(logits[row, positions], axis=-1).tolist()
+    if fired.any():
+      assert fired.tolist() == [False] * (len(generated) - 1) + [True] and generated[-1] == stop_token
+      stopped += 1
+    assert generated[:len(generated) - int(fired.any())] == greedy[:len(generated) - int(fired.any())]
+  assert stopped and any(len(row) < 10 for row in result)
+  # the needle test's generate mode (score_generated) scores LPC-SM through the same generate
+  examples = [(np.asarray(prompt + generated), 0, len(prompt)) for prompt, generated in zip(prompts, result)]
+  decode = lambda prompts, n: generate(family, model, params, prompts, max_new_tokens=n, stop_head=threshold).tokens
+  assert score_generated(decode, examples) == 1.0
+
+
+@pytest.mark.parametrize("delta_pulse,scan_layers", [(False, True), (True, False)])
+def test_sith_decode_steps_equal_its_windowed_forward(delta_pulse, scan_layers):
+  """SITH's logits at position t are ``windowed_logits``'s (t's chunk of m = 5 and the H tokens
+  before it, the fill token before the sequence): prompts of 2 and 7 tokens, 12 steps, across
+  three chunk starts, with the history (H = 8 compressed, L = 13 delta) longer than a chunk."""
+  from lpcjax.models.sith import windowed_logits
+  family = models.get("sith")
+  config = models.SITHConfig(vocab_size=48, d_model=32, num_layers=2, num_heads=4, mlp_dim=64, num_filters=13, k=20,
+                             chunk_len=5, delta_pulse=delta_pulse, scan_layers=scan_layers)
+  model = family.build(config)
+  params = _perturbed(jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, config.window_len), jnp.int32)),
+                      scale=0.05)
+  full = np.random.default_rng(1).integers(0, 48, (2, 20)).astype(np.int32)
+  reference = np.asarray(jax.jit(lambda p, x: windowed_logits(model, p["params"], x))(params, full))
+  assert_steps_equal(family, model, params, full, reference, np.array([2, 7]), 12)

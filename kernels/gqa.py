@@ -15,6 +15,8 @@ backend forms it is said in its module docstring.
 
 import jax.numpy as jnp
 
+from .block_sizes import floor_div
+
 
 def group_size(q_heads, kv_heads):
   """G = HQ / H; a ValueError naming both counts when H does not divide HQ."""
@@ -25,8 +27,10 @@ def group_size(q_heads, kv_heads):
 
 
 def kv_head(q_head, group):
-  """The key/value head that query head ``q_head`` reads (ints, or traced program ids)."""
-  return q_head // group
+  """The key/value head that query head ``q_head`` reads (a traced program id in the kernels'
+  index maps). ``lax.div`` (block_sizes.floor_div), not ``//``: jnp's floor division is a
+  jitted function that Mosaic's index-map lowering refuses off a TPU; group 1 adds no op."""
+  return q_head if group == 1 else floor_div(q_head, group)
 
 
 def grouped(x, kv_heads, axis):

@@ -35,8 +35,11 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
   """Causal softmax attention with a forget gate.
 
   Args:
-    q, k, v: [batch, seq, heads, head_dim], one floating dtype (bf16, fp16 or fp32).
-    log_fgate: [batch, seq, heads] float32, log of the forget gate f_t in (0, 1]; 0 means "no
+    q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim], one floating
+      dtype (bf16, fp16 or fp32). kv_heads < heads is grouped-query attention (gqa.py): kv_heads
+      must divide heads and query head h reads key/value head h // (heads / kv_heads); no
+      backend repeats K/V in memory.
+    log_fgate: [batch, seq, heads] float32 (per query head), log of the forget gate f_t in (0, 1]; 0 means "no
       decay" (plain causal attention) and -inf is a hard cut: nothing before t is visible from t on.
     segment_ids: optional [batch, seq] ints; no attention and no decay across a change of id.
     sm_scale: logit scale, default 1 / sqrt(head_dim).
@@ -57,11 +60,12 @@ def forgetting_attention(q, k, v, log_fgate, *, segment_ids=None, sm_scale=None,
       under ``jit`` wrap the caller with ``jax.experimental.checkify.checkify`` to surface it.
 
   Returns:
-    o: [batch, seq, heads, head_dim] in q.dtype. Differentiable in q, k, v and log_fgate.
+    o: [batch, seq, heads, head_dim] in q.dtype. Differentiable in q, k, v and log_fgate (dk, dv
+    summed over each group's query heads).
   """
-  check_shapes(q, k, v, log_fgate, segment_ids)
+  group = check_shapes(q, k, v, log_fgate, segment_ids)
   window = check_window(window, q.shape[1])
-  backend = resolve(impl, q.shape[-1], q.dtype, window)
+  backend = resolve(impl, q.shape[-1], q.dtype, window, kv_group=group)
   if debug:
     check_values(q, k, v, log_fgate)
   if sm_scale is None:

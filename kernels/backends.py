@@ -1,8 +1,8 @@
 """The table of forgetting-attention backends: what each supports, and how "auto" picks one.
 
 A backend is one file whose last line registers a ``Backend``: its function, what it supports
-(platforms, head dims, dtypes, windows, pruning, the pair kernels the context-parallel ring
-runs) and its priority. ``impl="auto"`` is an ordered fallback over the table: the backend of
+(platforms, head dims, dtypes, windows, pruning, grouped-query attention, the pair kernels the
+context-parallel ring runs) and its priority. ``impl="auto"`` is an ordered fallback over the table: the backend of
 highest priority that runs natively on this platform and supports the call, down to "xla",
 which supports everything everywhere (tokamax's ``IMPLEMENTATIONS``, fla's
 ``BaseBackend(is_available, priority)``). ``unsupported`` answers the same question for a
@@ -37,6 +37,8 @@ class Backend:
   * ``head_dims``, ``dtypes`` (names of q's dtype): None for any.
   * ``window``, ``pruning``: whether it takes sliding windows and tile pruning (a backend
     without pruning computes every tile: exact, which pruning only approximates).
+  * ``gqa``: whether k, v may have fewer heads than q (grouped-query attention, gqa.py),
+    read from the shared head without repeating K/V in memory.
   * ``pair_kernels``: ``PairKernels`` if the ring can run it; None: no context parallelism.
   * ``priority``: "auto" tries higher first; None: never picked by "auto" (only by name).
   * ``available()``: whether its optional dependencies are installed.
@@ -52,14 +54,15 @@ class Backend:
   dtypes: Optional[tuple[str, ...]] = None
   window: bool = True
   pruning: bool = True
+  gqa: bool = True
   pair_kernels: Optional[PairKernels] = None
   priority: Optional[int] = None
   available: Callable[[], bool] = lambda: True
   suite_skips: dict = dataclasses.field(default_factory=dict)
 
-  def unsupported(self, head_dim=None, dtype=None, window=None, context_parallel=False):
+  def unsupported(self, head_dim=None, dtype=None, window=None, context_parallel=False, kv_group=None):
     """Why this backend cannot run the call, in one line, or None; unknown arguments (None)
-    are not checked."""
+    are not checked. ``kv_group``: query heads per key/value head (> 1: grouped-query)."""
     prefix = f"impl={self.name!r}"
     if head_dim is not None and self.head_dims is not None and head_dim not in self.head_dims:
       return f"{prefix} supports head_dim in {self.head_dims}, got {head_dim}"
@@ -67,6 +70,8 @@ class Backend:
       return f"{prefix} supports dtypes {self.dtypes}, got {jnp.dtype(dtype).name}"
     if window is not None and not self.window:
       return f"{prefix} has no sliding window"
+    if kv_group is not None and kv_group > 1 and not self.gqa:
+      return f"{prefix} has no grouped-query attention (num_kv_heads < num_heads)"
     if context_parallel and self.pair_kernels is None:
       able = [b.name for b in _BACKENDS.values() if b.pair_kernels is not None]
       return f"{prefix} has no context-parallel path; backends with one: {', '.join(able)}"
@@ -107,24 +112,24 @@ def get(name):
   return _BACKENDS[name]
 
 
-def resolve(impl, head_dim=None, dtype=None, window=None, context_parallel=False):
+def resolve(impl, head_dim=None, dtype=None, window=None, context_parallel=False, kv_group=None):
   """The Backend that runs ``impl``: by name (a ValueError naming the constraint when it cannot
   run the call), or for "auto" the first of ``ordered_backends()`` with a priority that runs natively
   here and supports the call."""
   if impl == "auto":
     for backend in ordered_backends():
       if backend.priority is not None and backend.runs_natively() and backend.unsupported(
-          head_dim, dtype, window, context_parallel) is None:
+          head_dim, dtype, window, context_parallel, kv_group) is None:
         return backend
     raise ValueError("forgetting_attention: no registered backend supports this call")  # "xla" always does
   backend = get(impl)
-  problem = backend.unsupported(head_dim, dtype, window, context_parallel)
+  problem = backend.unsupported(head_dim, dtype, window, context_parallel, kv_group)
   if problem:
     raise ValueError(f"forgetting_attention: {problem}")
   return backend
 
 
-def unsupported(impl, head_dim=None, dtype=None, window=None, context_parallel=False):
+def unsupported(impl, head_dim=None, dtype=None, window=None, context_parallel=False, kv_group=None):
   """The one-line reason ``impl`` cannot run such calls (for a config check), or None. The
   platform is not checked: a config is written on one machine and run on another."""
   if impl == "auto":
@@ -132,4 +137,4 @@ def unsupported(impl, head_dim=None, dtype=None, window=None, context_parallel=F
     return None if ring or not context_parallel else "no registered backend has a context-parallel path"
   if impl not in _BACKENDS:
     return f"must be one of {sorted(available_impls())}, got {impl!r}"
-  return _BACKENDS[impl].unsupported(head_dim, dtype, window, context_parallel)
+  return _BACKENDS[impl].unsupported(head_dim, dtype, window, context_parallel, kv_group)

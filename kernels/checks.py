@@ -8,15 +8,23 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
+from .gqa import group_size
 from .segments import segment_starts
 
 
 def check_shapes(q, k, v, log_fgate, segment_ids):
+  """Shapes and dtypes of one call; k, v may have fewer heads than q (grouped-query attention,
+  gqa.py): their count must divide q's. Returns the group size G = q heads / k, v heads."""
   if q.ndim != 4:
     raise ValueError(f"forgetting_attention: q must be [batch, seq, heads, head_dim], got shape {q.shape}")
   for name, x in (("k", k), ("v", v)):
-    if x.shape != q.shape:
-      raise ValueError(f"forgetting_attention: {name} shape {x.shape} must equal q shape {q.shape}")
+    if x.ndim != 4 or x.shape[:2] != q.shape[:2] or x.shape[3] != q.shape[3]:
+      raise ValueError(f"forgetting_attention: {name} shape {x.shape} must be [batch, seq, kv_heads, head_dim] "
+                       f"with q's batch, seq and head_dim {q.shape}")
+  if v.shape != k.shape:
+    raise ValueError(f"forgetting_attention: v shape {v.shape} must equal k shape {k.shape}")
+  group = group_size(q.shape[2], k.shape[2])
+  for name, x in (("k", k), ("v", v)):
     if x.dtype != q.dtype:
       raise TypeError(f"forgetting_attention: {name} dtype {x.dtype} must equal q dtype {q.dtype}")
   if not jnp.issubdtype(q.dtype, jnp.floating):
@@ -33,6 +41,7 @@ def check_shapes(q, k, v, log_fgate, segment_ids):
                        f"got {segment_ids.shape}")
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
       raise TypeError(f"forgetting_attention: segment_ids must be integers, got {segment_ids.dtype}")
+  return group
 
 
 def check_window(window, seq_len):

@@ -36,6 +36,11 @@ sum, c_t = sum_{u <= t} log f_u:
   max over the shards), so the shards skip what one device would; a chunk padded up to the
   tile size pads c with its last value, so padding never stops a skip.
 
+Grouped-query attention (gqa.py): k, v carry H key/value heads, q and the gate HQ; what travels
+around the ring is K and V at H heads (the keys' c and segment ids stay per query head: no
+head_dim), and so are dK and dV on the way back, already summed over each group by the pair
+kernels (xla_blockwise.py). The ring's traffic in K, V, dK, dV therefore scales with H.
+
 The block pairs run the plain-JAX blockwise kernels on every platform (the Pallas kernels have
 no position offsets yet). Communication per layer, forward: N - 1 steps of K, V (and c, ids);
 backward: N - 1 steps of K, V, dK, dV (and c, ids, dc); bf16 adds one K, V ring for the row term.
@@ -67,16 +72,17 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
                    impl="auto", block_sizes=None, interpret=False, debug=False, prune_epsilon=None,
                    window=None):
   """``forgetting_attention`` of the whole sequence, called inside ``shard_map`` on this
-  device's shard: q, k, v [batch, L, heads, head_dim], log_fgate [batch, L, heads] and
+  device's shard: q [batch, L, heads, head_dim], k, v [batch, L, kv_heads, head_dim] (kv_heads
+  dividing heads: grouped-query attention), log_fgate [batch, L, heads] and
   segment_ids [batch, L] are positions [d L, (d + 1) L) of the sequence, d the index along
   ``axis_name`` (``axis_size`` devices). Returns this shard's output, [batch, L, heads, head_dim].
   The other keywords are ``forgetting_attention``'s; ``impl`` must name a backend with pair
   kernels (``Backend.pair_kernels``), or be "auto" (the first such backend of the table)."""
   del interpret, debug  # plain JAX kernels; value checks run on the global arrays (sharded.py)
-  check_shapes(q, k, v, log_fgate, segment_ids)
+  group = check_shapes(q, k, v, log_fgate, segment_ids)
   n, local_len = axis_size, q.shape[1]
   window = check_window(window, n * local_len)
-  pairs = resolve(impl, q.shape[-1], q.dtype, window, context_parallel=True).pair_kernels
+  pairs = resolve(impl, q.shape[-1], q.dtype, window, context_parallel=True, kv_group=group).pair_kernels
   layout = _Balanced(n, axis_name) if window is None else _Contiguous(n, axis_name)
   if local_len % layout.chunks:
     raise ValueError(f"forgetting_attention: context parallelism over {n} devices needs the sequence "

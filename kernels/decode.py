@@ -5,12 +5,17 @@ one token (``cached_attention``, over a decoding cache) or one chunk of a stream
 (``window_chunk_attention``, over a rolling window cache) to at most the cache's length of
 keys, where forming the logits is cheapest. The cache layouts are the attention layer's
 (``lpcjax.layers.attention``: ``init_layer_cache``, ``init_window_cache``).
+
+Grouped-query attention (gqa.py): the caches hold k, v at the key/value heads only (H of the
+HQ query heads: the cache is G = HQ / H times smaller) and c per query head; each query head
+attends over its group's shared cached head.
 """
 
 import jax
 import jax.numpy as jnp
 
 from . import decay
+from .gqa import grouped, ungrouped
 
 
 def cached_attention(q, k, v, log_fgate, cache, context, window=None, constrain=lambda cache: cache):
@@ -43,21 +48,24 @@ def cached_attention(q, k, v, log_fgate, cache, context, window=None, constrain=
 def materialized_attention(q, k, v, visible, query_c=None, key_c=None):
   """Softmax attention of a few queries over cached keys, in float32, with the logits formed.
 
-  q [batch, Tq, heads, D]; k, v [batch, S, heads, D]; visible [batch, Tq, S] bool; query_c
+  q [batch, Tq, heads, D]; k, v [batch, S, kv_heads, D] (kv_heads dividing heads: query head h
+  reads head h // (heads / kv_heads), gqa.py); visible [batch, Tq, S] bool; query_c
   [batch, Tq, heads] and key_c [batch, S, heads] the cumulative log f of each (None: no gate),
   float32 arrays or ``lpcjax.kernels.decay.TwoFloat`` pairs (c_i − c_j is then formed from the
   two parts). Logits q.k_j / sqrt(D) + (c_i − c_j) where visible, −inf elsewhere; every query must see at
   least one key. Returns o [batch, Tq, heads, D] in q.dtype. This is the decoding-time path of
   both caches; the parallel pass runs ``lpcjax.kernels.forgetting_attention``."""
   scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
-  logits = jnp.einsum("bihd,bjhd->bhij", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
+  kv_heads = k.shape[2]
+  logits = jnp.einsum("bihgd,bjhd->bhgij", grouped(q.astype(jnp.float32), kv_heads, 2), k.astype(jnp.float32))
+  logits = ungrouped(logits, 1) * scale  # [batch, heads, Tq, S]
   if query_c is not None:
     row = lambda c: jnp.swapaxes(c, 1, 2)[..., :, None]
     col = lambda c: jnp.swapaxes(c, 1, 2)[..., None, :]
     logits = logits + decay.difference(decay.tree_map(row, query_c), decay.tree_map(col, key_c))
   weights = jax.nn.softmax(jnp.where(visible[:, None], logits, -jnp.inf), axis=-1)
-  o = jnp.einsum("bhij,bjhd->bihd", weights, v.astype(jnp.float32))
-  return o.astype(q.dtype)
+  o = jnp.einsum("bhgij,bjhd->bihgd", grouped(weights, kv_heads, 1), v.astype(jnp.float32))
+  return ungrouped(o, 2).astype(q.dtype)
 
 
 def window_chunk_attention(q, k, v, log_fgate, cache):

@@ -26,6 +26,13 @@ units too, against the high parts. q, k, v and o stay in the caller's
 [batch, seq, heads, head_dim] layout (block specs pick one head per program); the per-position
 vectors (c, segment ids, lse, delta, dc) are [batch, heads, seq].
 
+Grouped-query attention (gqa.py): the grid runs over query heads, and the block specs of k
+and v pick key/value head ``h // G`` for query head h (no repeat of K/V in memory). The dK/dV
+kernel keeps one program per (key block, batch, query head) and writes that query head's share
+of dK, dV in float32; the wrapper then sums each group's G shares (``gqa.group_sum``). That
+costs, during the backward only, G float32 copies of K and of V (a fused group loop inside the
+kernel would avoid them; not done yet). G = 1 keeps the previous kernels and outputs exactly.
+
 On CPU the kernels run with ``interpret=True`` (what the tests do).
 """
 
@@ -42,6 +49,7 @@ from .backends import Backend, register_backend
 from .block_sizes import (BlockSizes, first_key_block_in_window, floor_div, heads_major, pad_seq,
                           padded_length, query_block_end_in_window, require_head_dim)
 from . import decay, row_term
+from .gqa import group_sum, kv_head
 from .pruning import unless_skipped
 from .reference import tile_logits
 from .vjp import BackendKernels, differentiable
@@ -254,13 +262,14 @@ def _row_term_kernel(q_ref, k_ref, v_ref, c_ref, clo_ref, seg_ref, thr_ref, do_r
                               jnp.zeros((bq,), jnp.float32))
 
 
-# Block specs over grid (block index, batch, head).
-def _seq_block(block, head_dim):  # [B, T, H, D] -> one [block, D] tile of one head
-  return pl.BlockSpec((None, block, None, head_dim), lambda i, b, h: (b, i, h, 0))
+# Block specs over grid (block index, batch, query head). ``group`` > 1: a k/v operand with
+# H = HQ / group heads, of which query head h reads head h // group (gqa.py).
+def _seq_block(block, head_dim, group=1):  # [B, T, H, D] -> one [block, D] tile of one head
+  return pl.BlockSpec((None, block, None, head_dim), lambda i, b, h: (b, i, kv_head(h, group), 0))
 
 
-def _seq_full(seq_len, head_dim):  # [B, T, H, D] -> the whole sequence of one head
-  return pl.BlockSpec((None, seq_len, None, head_dim), lambda i, b, h: (b, 0, h, 0))
+def _seq_full(seq_len, head_dim, group=1):  # [B, T, H, D] -> the whole sequence of one head
+  return pl.BlockSpec((None, seq_len, None, head_dim), lambda i, b, h: (b, 0, kv_head(h, group), 0))
 
 
 def _vec_block(block):  # [B, H, T] -> [block]
@@ -273,13 +282,15 @@ def _vec_full(seq_len):  # [B, H, T] -> [T]
 
 def _forward(q, k, v, c, seg, thr2, sm_scale, sizes, interpret, prune, window):
   batch, seq_len, heads, head_dim = q.shape
+  group = heads // k.shape[2]
   bq, bk = sizes.block_q, sizes.block_k
   kernel = functools.partial(_forward_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk, prune=prune,
                              window=window)
+  kv = _seq_full(seq_len, head_dim, group)
   return pl.pallas_call(
       kernel,
       grid=(seq_len // bq, batch, heads),
-      in_specs=[_seq_block(bq, head_dim), _seq_full(seq_len, head_dim), _seq_full(seq_len, head_dim),
+      in_specs=[_seq_block(bq, head_dim), kv, kv,
                 _vec_full(seq_len), _vec_full(seq_len), _vec_full(seq_len), _vec_full(THRESHOLD_WIDTH)],
       out_specs=[_seq_block(bq, head_dim), _vec_block(bq)],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -293,7 +304,7 @@ def _forward(q, k, v, c, seg, thr2, sm_scale, sizes, interpret, prune, window):
 def _row_term(q, k, v, c, seg, thr2, do, lse2, sm_scale, sizes, interpret, prune, window):
   """delta [B, H, T] float32 recomputed from the tiles, with the dQ kernel's grid and tiles."""
   batch, seq_len, heads, head_dim = q.shape
-  full, vec = _seq_full(seq_len, head_dim), _vec_full(seq_len)
+  full, vec = _seq_full(seq_len, head_dim, heads // k.shape[2]), _vec_full(seq_len)
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
   return pl.pallas_call(
       functools.partial(_row_term_kernel, scale2=sm_scale * LOG2_E, bq=bq, bk=bk, prune=prune,
@@ -311,18 +322,21 @@ def _row_term(q, k, v, c, seg, thr2, do, lse2, sm_scale, sizes, interpret, prune
 
 def _backward(q, k, v, c, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret, prune, window):
   batch, seq_len, heads, head_dim = q.shape
+  group = heads // k.shape[2]
   full, vec, thr = _seq_full(seq_len, head_dim), _vec_full(seq_len), _vec_full(THRESHOLD_WIDTH)
+  kv_full = _seq_full(seq_len, head_dim, group)
   common = dict(scale2=sm_scale * LOG2_E, sm_scale=sm_scale, prune=prune, window=window)
 
+  # dK, dV per query head (float32 when a group shares them), summed over the group below
   bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
+  share = lambda x: jax.ShapeDtypeStruct(q.shape, x.dtype if group == 1 else jnp.float32)
   dk, dv, dc = pl.pallas_call(
       functools.partial(_dkv_kernel, bq=bq, bk=bk, seq_len=seq_len, **common),
       grid=(seq_len // bk, batch, heads),
-      in_specs=[full, _seq_block(bk, head_dim), _seq_block(bk, head_dim), vec, vec, vec, thr, full, vec,
-                vec],
+      in_specs=[full, _seq_block(bk, head_dim, group), _seq_block(bk, head_dim, group), vec, vec, vec, thr,
+                full, vec, vec],
       out_specs=[_seq_block(bk, head_dim), _seq_block(bk, head_dim), _vec_block(bk)],
-      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-                 jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
+      out_shape=[share(k), share(v), jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
       compiler_params=_compiler_params(head_dim, "dkv"),
       interpret=interpret,
       name="forgetting_attention_dkv",
@@ -332,7 +346,7 @@ def _backward(q, k, v, c, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, bq=bq, bk=bk, **common),
       grid=(seq_len // bq, batch, heads),
-      in_specs=[_seq_block(bq, head_dim), full, full, vec, vec, vec, thr, _seq_block(bq, head_dim),
+      in_specs=[_seq_block(bq, head_dim), kv_full, kv_full, vec, vec, vec, thr, _seq_block(bq, head_dim),
                 _vec_block(bq), _vec_block(bq)],
       out_specs=_seq_block(bq, head_dim),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -340,7 +354,7 @@ def _backward(q, k, v, c, seg, thr2, do, lse2, delta, sm_scale, sizes, interpret
       interpret=interpret,
       name="forgetting_attention_dq",
   )(q, k, v, c.hi, c.lo, seg, thr2, do, lse2, delta)
-  return dq, dk, dv, dc
+  return dq, group_sum(dk, group, 2, k.dtype), group_sum(dv, group, 2, v.dtype), dc
 
 
 def _decay_cumsum(log_fgate):

@@ -34,6 +34,12 @@ use natural exp (the EUP's), unlike the GPU kernel's exp2. On CPU the kernels ru
 TPU interpret mode (``interpret=True`` maps to ``pltpu.InterpretParams()``), which simulates
 VMEM, SMEM, scalar prefetch and the DMAs of the pipeline.
 
+Grouped-query attention (gqa.py): the grid's head axis runs over query heads and the block
+specs of k and v read key/value head ``h // G`` (no repeat of K/V in memory). dK/dV keeps one
+outer key block per (batch, query head) and writes that query head's share in float32; the
+wrapper sums each group's G shares (``gqa.group_sum``): during the backward, G float32 copies
+of K and of V. G = 1 keeps the previous kernels and outputs exactly.
+
 Why one module of ~540 lines: the four kernels share the schedule, the visit ranges and the
 row/column layouts above; split apart, each half would need the other's private layout rules.
 """
@@ -50,6 +56,7 @@ from jax.experimental.pallas import tpu as pltpu
 from . import decay, row_term
 from .backends import Backend, register_backend
 from .vjp import BackendKernels, differentiable
+from .gqa import group_sum, kv_head
 from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, padded_length,
                           query_block_end_in_window, require_head_dim)
 
@@ -433,14 +440,15 @@ class _Sweep:
       return jnp.minimum(jnp.maximum(i, lo_ref[index]), hi_ref[index] - 1)
     self._outer, self._inner = outer, inner
 
-  def outer(self, lanes=None):
-    """An outer-side [B, H, T, D] block, or a column block with ``lanes``."""
+  def outer(self, lanes=None, group=1):
+    """An outer-side [B, H, T, D] block, or a column block with ``lanes``; ``group`` > 1: of a
+    k/v operand, whose head h // group query head h reads (gqa.py)."""
     return pl.BlockSpec((None, None, self.outer_block, lanes or self.head_dim),
-                        lambda b, h, step, *refs: (b, h, self._outer(step, *refs), 0))
+                        lambda b, h, step, *refs: (b, kv_head(h, group), self._outer(step, *refs), 0))
 
-  def inner_seq(self):
+  def inner_seq(self, group=1):
     return pl.BlockSpec((None, None, self.inner_block, self.head_dim),
-                        lambda b, h, step, *refs: (b, h, self._inner(b, h, step, *refs), 0))
+                        lambda b, h, step, *refs: (b, kv_head(h, group), self._inner(b, h, step, *refs), 0))
 
   def inner_row(self):
     return pl.BlockSpec((None, None, SUBLANES, self.inner_block),
@@ -467,12 +475,13 @@ def _f32(shape):
 def _forward(q, k, v, c, seg, threshold, sm_scale, sizes, interpret, window):
   """o [B, H, T, D] in q.dtype and lse [B, H, T] float32."""
   batch, heads, seq_len, head_dim = q.shape
+  group = heads // k.shape[1]
   bq, bk = sizes.block_q, sizes.block_k
   sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
                  threshold is not None)
   o, lse = sweep.call(
       _forward_kernel,
-      [sweep.outer(), sweep.inner_seq(), sweep.inner_seq()] + [sweep.outer(LANES)] * 3
+      [sweep.outer(), sweep.inner_seq(group), sweep.inner_seq(group)] + [sweep.outer(LANES)] * 3
       + [sweep.inner_row()] * 3,
       [sweep.outer(), sweep.outer(LANES)],
       [jax.ShapeDtypeStruct(q.shape, q.dtype), _f32((batch, heads, seq_len, LANES))],
@@ -481,10 +490,10 @@ def _forward(q, k, v, c, seg, threshold, sm_scale, sizes, interpret, window):
   return o, lse[..., 0]
 
 
-def _query_sweep_inputs(sweep):
+def _query_sweep_inputs(sweep, group):
   """Specs of q, k, v, c/seg (columns, rows), dO, lse and delta for the row term and dQ."""
   col, row = sweep.outer(LANES), sweep.inner_row()
-  return [sweep.outer(), sweep.inner_seq(), sweep.inner_seq(), col, col, col, row, row, row,
+  return [sweep.outer(), sweep.inner_seq(group), sweep.inner_seq(group), col, col, col, row, row, row,
           sweep.outer(), col, col]
 
 
@@ -495,7 +504,7 @@ def _row_term(q, k, v, c, seg, threshold, do, lse, sm_scale, sizes, interpret, w
   sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
                  threshold is not None)
   delta = sweep.call(
-      _row_term_kernel, _query_sweep_inputs(sweep)[:-1], sweep.outer(LANES),
+      _row_term_kernel, _query_sweep_inputs(sweep, heads // k.shape[1])[:-1], sweep.outer(LANES),
       _f32((batch, heads, seq_len, LANES)), [(bq, LANES)], interpret,
       "forgetting_attention_tpu_row_term",
       q, k, v, *columns(c), columns(seg), *rows(c), rows(seg), do, columns(lse), scale=sm_scale)
@@ -503,20 +512,22 @@ def _row_term(q, k, v, c, seg, threshold, do, lse, sm_scale, sizes, interpret, w
 
 
 def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, interpret, window):
-  """dq, dk, dv [B, H, T, D] and dc [B, H, T] float32."""
+  """dq [B, HQ, T, D], dk, dv [B, H, T, D] and dc [B, HQ, T] float32."""
   batch, heads, seq_len, head_dim = q.shape
+  group = heads // k.shape[1]
 
+  # dK, dV per query head (float32 when a group shares them), summed over the group below
   bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
   sweep = _Sweep(query_ranges(c, threshold, bq, bk, window), bk, bq, head_dim, False, window,
                  threshold is not None)
   col, row = sweep.outer(LANES), sweep.inner_row()
+  share = lambda x: jax.ShapeDtypeStruct(q.shape, x.dtype if group == 1 else jnp.float32)
   dk, dv, dc = sweep.call(
       _dkv_kernel,
-      [sweep.inner_seq(), sweep.outer(), sweep.outer(), row, row, row, col, col, col,
+      [sweep.inner_seq(), sweep.outer(group=group), sweep.outer(group=group), row, row, row, col, col, col,
        sweep.inner_seq(), row, row],
       [sweep.outer(), sweep.outer(), col],
-      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-       _f32((batch, heads, seq_len, LANES))],
+      [share(k), share(v), _f32((batch, heads, seq_len, LANES))],
       [(bk, head_dim), (bk, head_dim), (bk, LANES)], interpret, "forgetting_attention_tpu_dkv",
       q, k, v, *rows(c), rows(seg), *columns(c), columns(seg), do, rows(lse), rows(delta),
       scale=sm_scale)
@@ -525,11 +536,11 @@ def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, inter
   sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
                  threshold is not None)
   dq = sweep.call(
-      _dq_kernel, _query_sweep_inputs(sweep), sweep.outer(), jax.ShapeDtypeStruct(q.shape, q.dtype),
+      _dq_kernel, _query_sweep_inputs(sweep, group), sweep.outer(), jax.ShapeDtypeStruct(q.shape, q.dtype),
       [(bq, head_dim)], interpret, "forgetting_attention_tpu_dq",
       q, k, v, *columns(c), columns(seg), *rows(c), rows(seg), do, columns(lse), columns(delta),
       scale=sm_scale)
-  return dq, dk, dv, dc[..., 0]
+  return dq, group_sum(dk, group, 1, k.dtype), group_sum(dv, group, 1, v.dtype), dc[..., 0]
 
 
 # static = (sm_scale, sizes, interpret, window); the custom_vjp is the one in vjp.py

@@ -25,18 +25,22 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import decay
+from .gqa import group_size, per_query_head
 
 DEFAULT_EPSILON = math.exp(-10)
 
 
 def skip_threshold(q, k, sm_scale, epsilon, axis_name=None):
-  """delta per (batch, head), float32 [batch, heads], for q, k [batch, seq, heads, head_dim].
+  """delta per (batch, query head), float32 [batch, heads], for q [batch, seq, heads, head_dim]
+  and k [batch, seq, kv_heads, head_dim] (grouped-query: each query head takes the norm of the
+  key/value head it reads).
 
   ``axis_name``: the mesh axis the sequence is sharded over (inside ``shard_map``), or None.
   With it, Q, K and T are those of the whole sequence (a max over the shards), so every shard
   skips by the same bound as one device would."""
   norm = lambda x: jnp.sqrt(jnp.max(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1), axis=1))
-  q_norm, k_norm, seq_len = norm(q), norm(k), q.shape[1]
+  q_norm, seq_len = norm(q), q.shape[1]
+  k_norm = per_query_head(norm(k), group_size(q.shape[2], k.shape[2]), axis=1)
   if axis_name is not None:
     q_norm, k_norm = lax.pmax(q_norm, axis_name), lax.pmax(k_norm, axis_name)
     seq_len *= lax.axis_size(axis_name)

@@ -8,6 +8,9 @@ finite (hard cuts were turned into segment boundaries) and ``segment_ids`` is an
 [batch, seq, heads] array (one id sequence per head, because a cut in one head's gate cuts
 only that head).
 Gradients come from JAX autodiff, so this backend is also the reference for the backward pass.
+
+Grouped-query attention (gqa.py): q's heads are viewed as [kv_heads, group] and multiplied
+against the shared k, v head (no repeat); autodiff of that product sums dK/dV over the group.
 """
 
 import jax
@@ -15,6 +18,7 @@ import jax.numpy as jnp
 
 from . import decay
 from .backends import Backend, register_backend
+from .gqa import grouped, ungrouped
 
 
 def tile_logits(qk, c_q, c_k, seg_q, seg_k, scale, q_start=0, k_start=0, causal=True,
@@ -52,10 +56,13 @@ def tile_logits(qk, c_q, c_k, seg_q, seg_k, scale, q_start=0, k_start=0, causal=
 def attention_logits(q, k, c, segment_ids, sm_scale, window=None):
   """Masked logits of the whole sequence as one tile, [batch, heads, seq, seq], float32.
 
-  c (a ``decay.TwoFloat`` or a float32 array), segment_ids: [batch, seq, heads]; window: None
-  or the band width (see ``tile_logits``).
+  q [batch, seq, heads, D], k [batch, seq, kv_heads, D] (gqa.py); c (a ``decay.TwoFloat`` or a
+  float32 array), segment_ids: [batch, seq, heads]; window: None or the band width (see
+  ``tile_logits``).
   """
-  qk = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+  qk = jnp.einsum("bqhgd,bkhd->bhgqk", grouped(q, k.shape[2], axis=2), k,
+                  preferred_element_type=jnp.float32)
+  qk = ungrouped(qk, axis=1)  # [batch, heads, seq, seq]
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, heads, seq]
   c, seg = decay.tree_map(to_heads, c), to_heads(segment_ids)
   return tile_logits(qk, c, c, seg, seg, sm_scale, window=window)
@@ -70,9 +77,9 @@ def reference_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=N
   del block_sizes, interpret  # the reference has no tiling
   c = decay.cumsum(log_fgate, axis=1)  # two float32 parts: see decay.py
   s = attention_logits(q, k, c, segment_ids, sm_scale, window)
-  p = jax.nn.softmax(s, axis=-1)
-  o = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32))
-  return o.astype(q.dtype)
+  p = grouped(jax.nn.softmax(s, axis=-1), v.shape[2], axis=1)  # [batch, kv_heads, group, seq, seq]
+  o = jnp.einsum("bhgqk,bkhd->bqhgd", p, v.astype(jnp.float32))
+  return ungrouped(o, axis=2).astype(q.dtype)
 
 
 # The ground truth: picked only by name, never by "auto"; it computes every tile, so pruning

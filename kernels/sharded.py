@@ -24,7 +24,9 @@ def sharded_forgetting_attention(q, k, v, log_fgate, *, mesh, batch_axes=None, h
   (a name, a tuple of names, or None) that the batch and head dimensions are split over, and
   ``context_axis`` (a name or None) the one the sequence is split over (its length must then be
   a multiple of twice that axis's size without a window, of the size with one).
-  ``kwargs`` go to ``forgetting_attention`` (impl, block_sizes, interpret, ...)."""
+  ``kwargs`` go to ``forgetting_attention`` (impl, block_sizes, interpret, ...). With grouped-
+  query attention (k, v with fewer heads than q) the head axes split k, v too: their head count
+  must be a multiple of those axes' size, and each device then holds whole groups."""
   if kwargs.pop("debug", False):  # check the global arrays: checkify cannot see into shard_map
     check_values(q, k, v, log_fgate)
   attend = forgetting_attention

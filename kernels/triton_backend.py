@@ -14,6 +14,12 @@ The launch itself is one hook, ``launcher`` (None: ``jax_triton_call``); the tes
 runs the same kernels under TRITON_INTERPRET on CPU torch tensors
 (through ``jax.pure_callback``), which checks this glue and the kernels against the reference
 without a GPU.
+
+Grouped-query attention (gqa.py): k, v have KV_HEADS heads and every kernel reads query head
+h's key/value head h // G from them (no repeat of K/V in memory). The dK/dV kernel runs one
+program per (key block, batch, query head) and writes that query head's share of dK, dV in
+float32; the glue sums each group's G shares (``gqa.group_sum``): during the backward, G
+float32 copies of K and of V. G = 1 keeps the previous launches and outputs exactly.
 """
 
 import inspect
@@ -24,6 +30,7 @@ import jax.numpy as jnp
 
 from .backends import Backend, register_backend
 from .vjp import BackendKernels, differentiable
+from .gqa import group_sum
 from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
 from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, _decay_cumsum, _row_term_from_output, on_gpu
 
@@ -80,10 +87,11 @@ def _launch(kernel_name, grid, inputs, out_types, head_dim, **constexprs):
                                        constexprs)
 
 
-def kernel_constexprs(q, sm_scale, prune, window):
-  """The constexprs every kernel takes (WINDOW = 0: no window)."""
+def kernel_constexprs(q, sm_scale, prune, window, kv_heads=None):
+  """The constexprs every kernel takes (WINDOW = 0: no window; kv_heads None: q's heads)."""
   batch, seq_len, heads, head_dim = q.shape
-  return dict(scale2=float(sm_scale * LOG2_E), SEQ_LEN=seq_len, HEADS=heads, HEAD_DIM=head_dim,
+  return dict(scale2=float(sm_scale * LOG2_E), SEQ_LEN=seq_len, HEADS=heads,
+              KV_HEADS=kv_heads or heads, HEAD_DIM=head_dim,
               WINDOW=window or 0, PRUNE=prune, IEEE=q.dtype == jnp.float32)
 
 
@@ -97,7 +105,7 @@ def _forward(q, k, v, c, seg, thr, sm_scale, sizes, prune, window):
   bq, bk = sizes.block_q, sizes.block_k
   o, lse2 = _launch("forward_kernel", (seq_len // bq, batch, heads), (q, k, v, *c, seg, thr),
                     (jax.ShapeDtypeStruct(q.shape, q.dtype), _vector(q)), head_dim,
-                    BLOCK_Q=bq, BLOCK_K=bk, **kernel_constexprs(q, sm_scale, prune, window))
+                    BLOCK_Q=bq, BLOCK_K=bk, **kernel_constexprs(q, sm_scale, prune, window, k.shape[2]))
   return o, lse2
 
 
@@ -106,24 +114,25 @@ def _row_term(q, k, v, c, seg, thr, do, lse2, sm_scale, sizes, prune, window):
   batch, seq_len, heads, head_dim = q.shape
   return _launch("row_term_kernel", (seq_len // sizes.block_q_dq, batch, heads),
                  (q, k, v, *c, seg, thr, do, lse2), _vector(q), head_dim, BLOCK_Q=sizes.block_q_dq,
-                 BLOCK_K=sizes.block_k_dq, **kernel_constexprs(q, sm_scale, prune, window))
+                 BLOCK_K=sizes.block_k_dq, **kernel_constexprs(q, sm_scale, prune, window, k.shape[2]))
 
 
 def _backward(q, k, v, c, seg, thr, do, lse2, delta, sm_scale, sizes, prune, window):
-  """dq, dk, dv and dc [B, H, T]."""
+  """dq, dk, dv and dc [B, H, T]; dk, dv summed over each group's per-query-head shares."""
   batch, seq_len, heads, head_dim = q.shape
-  common = kernel_constexprs(q, sm_scale, prune, window)
+  group = heads // k.shape[2]
+  common = kernel_constexprs(q, sm_scale, prune, window, k.shape[2])
   inputs = (q, k, v, *c, seg, thr, do, lse2, delta)
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
   dq = _launch("dq_kernel", (seq_len // bq, batch, heads), inputs,
                jax.ShapeDtypeStruct(q.shape, q.dtype), head_dim, BLOCK_Q=bq, BLOCK_K=bk,
                sm_scale=float(sm_scale), **common)
   bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
+  share = lambda x: jax.ShapeDtypeStruct(q.shape, x.dtype if group == 1 else jnp.float32)
   dk, dv, dc = _launch("dkv_kernel", (seq_len // bk, batch, heads), inputs,
-                       (jax.ShapeDtypeStruct(k.shape, k.dtype),
-                        jax.ShapeDtypeStruct(v.shape, v.dtype), _vector(q)),
+                       (share(k), share(v), _vector(q)),
                        head_dim, BLOCK_Q=bq, BLOCK_K=bk, sm_scale=float(sm_scale), **common)
-  return dq, dk, dv, dc
+  return dq, group_sum(dk, group, 2, k.dtype), group_sum(dv, group, 2, v.dtype), dc
 
 
 # static = (sm_scale, sizes, prune, window); the custom_vjp is the one in vjp.py

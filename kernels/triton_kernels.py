@@ -12,8 +12,11 @@ lowering. Four kernels, each one program per (block, batch, head):
 * ``row_term_kernel`` (query blocks, bf16/fp16 inputs only): delta_i = sum_j P_ij dP_ij over the
   dQ kernel's tiles, in float32 (row_term.py says why it is not read off the output).
 
-Layouts: q, k, v, o, dO, dq, dk, dv are [batch, seq, heads, head_dim] (the caller's), seq
-already padded to a multiple of every block size; the per-position vectors c, clo, seg, lse2,
+Layouts: q, o, dO, dq are [batch, seq, heads, head_dim] (the caller's), k, v
+[batch, seq, KV_HEADS, head_dim] (grouped-query attention, gqa.py: query head h reads key/value
+head h // (HEADS / KV_HEADS), no repeat in memory), dk, dv the per-query-head shares
+[batch, seq, heads, head_dim] that triton_backend.py sums over each group; seq already padded
+to a multiple of every block size; the per-position vectors c, clo, seg, lse2,
 delta, dc are [batch, heads, seq]; thr is [batch, heads]. c = cumsum(log f) arrives as the two
 float32 parts of decay.py (C the high, CLO the low part, natural units), the pruning threshold
 thr in natural units too; the logits are base 2 (scale2 = scale * log2 e), so every
@@ -121,13 +124,16 @@ def _last_kept_query_block_end(C, c_k_min, thr, lo, hi, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _program(THR, SEQ_LEN: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
-  """This program's (batch, head): the offset of its sequence in [B, T, H, D] arrays (int64:
-  B * T * H * D may pass 2^31), of its vectors in [B, H, T] arrays, and its threshold."""
+def _program(THR, SEQ_LEN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+             HEAD_DIM: tl.constexpr):
+  """This program's (batch, query head h): the offset of its sequence in [B, T, HEADS, D] arrays
+  (int64: B * T * H * D may pass 2^31), of its key/value head h // (HEADS / KV_HEADS) in
+  [B, T, KV_HEADS, D] arrays (gqa.py), of its vectors in [B, HEADS, T] arrays, and its threshold."""
   b, h = tl.program_id(1), tl.program_id(2)
   seq_offset = (b.to(tl.int64) * SEQ_LEN * HEADS + h) * HEAD_DIM
+  kv_offset = (b.to(tl.int64) * SEQ_LEN * KV_HEADS + h // (HEADS // KV_HEADS)) * HEAD_DIM
   vec_offset = (b.to(tl.int64) * HEADS + h) * SEQ_LEN
-  return seq_offset, vec_offset, tl.load(THR + b * HEADS + h)
+  return seq_offset, kv_offset, vec_offset, tl.load(THR + b * HEADS + h)
 
 
 @triton.jit
@@ -141,10 +147,10 @@ def _rows(start, BLOCK: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexp
 
 @triton.jit
 def _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, k_start, scale2,
-                  BLOCK_K: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_K: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                   CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr):
   pos_k = k_start + tl.arange(0, BLOCK_K)
-  k = tl.load(K + _rows(k_start, BLOCK_K, HEADS, HEAD_DIM))
+  k = tl.load(K + _rows(k_start, BLOCK_K, KV_HEADS, HEAD_DIM))
   s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(C + pos_k)[None, :],
               clo_q[:, None], tl.load(CLO + pos_k)[None, :], seg_q[:, None],
               tl.load(SEG + pos_k)[None, :], pos_q[:, None], pos_k[None, :], scale2, CAUSAL, WINDOW)
@@ -152,19 +158,19 @@ def _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, k_s
   m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows fully masked so far stay at zero
   p = tl.exp2(s - m_safe[:, None])
   alpha = tl.exp2(m - m_safe)
-  v = tl.load(V + _rows(k_start, BLOCK_K, HEADS, HEAD_DIM))
+  v = tl.load(V + _rows(k_start, BLOCK_K, KV_HEADS, HEAD_DIM))
   acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
   return acc, m_new, l * alpha + tl.sum(p, 1)
 
 
 @triton.jit
 def forward_kernel(Q, K, V, C, CLO, SEG, THR, O, LSE, scale2: tl.constexpr, SEQ_LEN: tl.constexpr,
-                   HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
-                   BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
-                   IEEE: tl.constexpr):
+                   HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
+                   PRUNE: tl.constexpr, IEEE: tl.constexpr):
   """o [B, T, H, D] (q.dtype) and lse2 [B, H, T] (float32, base 2) of one query block."""
-  seq, vec, thr = _program(THR, SEQ_LEN, HEADS, HEAD_DIM)
-  Q, K, V, O, SEG, LSE = Q + seq, K + seq, V + seq, O + seq, SEG + vec, LSE + vec
+  seq, kv, vec, thr = _program(THR, SEQ_LEN, HEADS, KV_HEADS, HEAD_DIM)
+  Q, K, V, O, SEG, LSE = Q + seq, K + kv, V + kv, O + seq, SEG + vec, LSE + vec
   C, CLO = C + vec, CLO + vec
   q_start = tl.program_id(0) * BLOCK_Q
   pos_q = q_start + tl.arange(0, BLOCK_Q)
@@ -181,15 +187,15 @@ def forward_kernel(Q, K, V, C, CLO, SEG, THR, O, LSE, scale2: tl.constexpr, SEQ_
   for kb in range(first, inside):
     acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, kb * BLOCK_K,
                               scale2,
-                              BLOCK_K, HEADS, HEAD_DIM, False, WINDOW, IEEE)
+                              BLOCK_K, KV_HEADS, HEAD_DIM, False, WINDOW, IEEE)
   for kb in range(inside, crossing):
     acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, kb * BLOCK_K,
                               scale2,
-                              BLOCK_K, HEADS, HEAD_DIM, False, 0, IEEE)
+                              BLOCK_K, KV_HEADS, HEAD_DIM, False, 0, IEEE)
   for kb in range(crossing, end):  # the diagonal: never pruned (see pruning.py)
     acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, C, CLO, SEG, kb * BLOCK_K,
                               scale2,
-                              BLOCK_K, HEADS, HEAD_DIM, True, WINDOW, IEEE)
+                              BLOCK_K, KV_HEADS, HEAD_DIM, True, WINDOW, IEEE)
   tl.store(O + tile, (acc / l[:, None]).to(O.dtype.element_ty))
   tl.store(LSE + pos_q, m + tl.log2(l))  # every row sees at least its own key: l >= 1
 
@@ -218,16 +224,19 @@ def _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LS
 @triton.jit
 def dkv_kernel(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, DK, DV, DC, scale2: tl.constexpr,
                sm_scale: tl.constexpr, SEQ_LEN: tl.constexpr, HEADS: tl.constexpr,
-               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-               WINDOW: tl.constexpr, PRUNE: tl.constexpr, IEEE: tl.constexpr):
-  """dk, dv [B, T, H, D] (k.dtype) and dc [B, H, T] (float32) of one key block."""
-  seq, vec, thr = _program(THR, SEQ_LEN, HEADS, HEAD_DIM)
-  Q, K, V, DO, DK, DV = Q + seq, K + seq, V + seq, DO + seq, DK + seq, DV + seq
+               KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+               BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
+               IEEE: tl.constexpr):
+  """This query head's dk, dv [B, T, H, D] (its share of its key/value head's gradient) and
+  dc [B, H, T] (float32) of one key block."""
+  seq, kv, vec, thr = _program(THR, SEQ_LEN, HEADS, KV_HEADS, HEAD_DIM)
+  Q, K, V, DO, DK, DV = Q + seq, K + kv, V + kv, DO + seq, DK + seq, DV + seq
   C, CLO, SEG, LSE, DELTA, DC = C + vec, CLO + vec, SEG + vec, LSE + vec, DELTA + vec, DC + vec
   k_start = tl.program_id(0) * BLOCK_K
   pos_k = k_start + tl.arange(0, BLOCK_K)
   tile = _rows(k_start, BLOCK_K, HEADS, HEAD_DIM)
-  k, v, c_k, seg_k = tl.load(K + tile), tl.load(V + tile), tl.load(C + pos_k), tl.load(SEG + pos_k)
+  kv_tile = _rows(k_start, BLOCK_K, KV_HEADS, HEAD_DIM)
+  k, v, c_k, seg_k = tl.load(K + kv_tile), tl.load(V + kv_tile), tl.load(C + pos_k), tl.load(SEG + pos_k)
   clo_k = tl.load(CLO + pos_k)
   dk = tl.zeros((BLOCK_K, HEAD_DIM), tl.float32)
   dv = tl.zeros((BLOCK_K, HEAD_DIM), tl.float32)
@@ -252,12 +261,12 @@ def dkv_kernel(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, DK, DV, DC, scale2: tl
 
 @triton.jit
 def _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, CLO, SEG, k_start, scale2,
-             BLOCK_K: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+             BLOCK_K: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, ROW_TERM: tl.constexpr,
              IEEE: tl.constexpr):
   """P and dP of one tile; then dQ += dS K, or (ROW_TERM) only delta += rowsum(P * dP)."""
   pos_k = k_start + tl.arange(0, BLOCK_K)
-  tile = _rows(k_start, BLOCK_K, HEADS, HEAD_DIM)
+  tile = _rows(k_start, BLOCK_K, KV_HEADS, HEAD_DIM)
   k = tl.load(K + tile)
   s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(C + pos_k)[None, :],
               clo_q[:, None], tl.load(CLO + pos_k)[None, :], seg_q[:, None],
@@ -273,13 +282,14 @@ def _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, 
 
 @triton.jit
 def _query_block_sweep(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN: tl.constexpr,
-                       HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
                        ROW_TERM: tl.constexpr, IEEE: tl.constexpr):
   """The key sweep of one query block shared by dq_kernel and row_term_kernel (the same tiles,
   so the recomputed row term matches dQ's P exactly). Returns (dq unscaled, delta, offsets)."""
-  seq, vec, thr = _program(THR, SEQ_LEN, HEADS, HEAD_DIM)
-  Q, K, V, DO = Q + seq, K + seq, V + seq, DO + seq
+  seq, kv, vec, thr = _program(THR, SEQ_LEN, HEADS, KV_HEADS, HEAD_DIM)
+  Q, K, V, DO = Q + seq, K + kv, V + kv, DO + seq
   C, CLO, SEG, LSE, DELTA = C + vec, CLO + vec, SEG + vec, LSE + vec, DELTA + vec
   q_start = tl.program_id(0) * BLOCK_Q
   pos_q = q_start + tl.arange(0, BLOCK_Q)
@@ -298,14 +308,14 @@ def _query_block_sweep(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LE
     inside = tl.maximum(inside, first)
   for kb in range(first, inside):
     dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, CLO, SEG,
-                         kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, False, WINDOW, ROW_TERM,
+                         kb * BLOCK_K, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, WINDOW, ROW_TERM,
                          IEEE)
   for kb in range(inside, crossing):
     dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, CLO, SEG,
-                         kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, False, 0, ROW_TERM, IEEE)
+                         kb * BLOCK_K, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, 0, ROW_TERM, IEEE)
   for kb in range(crossing, end):  # the diagonal: never pruned
     dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, C, CLO, SEG,
-                         kb * BLOCK_K, scale2, BLOCK_K, HEADS, HEAD_DIM, True, WINDOW, ROW_TERM,
+                         kb * BLOCK_K, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, True, WINDOW, ROW_TERM,
                          IEEE)
   return dq, delta, seq + tile, vec + pos_q
 
@@ -313,21 +323,22 @@ def _query_block_sweep(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LE
 @triton.jit
 def dq_kernel(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, DQ, scale2: tl.constexpr,
               sm_scale: tl.constexpr, SEQ_LEN: tl.constexpr, HEADS: tl.constexpr,
-              HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+              KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
               WINDOW: tl.constexpr, PRUNE: tl.constexpr, IEEE: tl.constexpr):
   """dq [B, T, H, D] (q.dtype) of one query block."""
   dq, _, rows, _ = _query_block_sweep(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN, HEADS,
-                                      HEAD_DIM, BLOCK_Q, BLOCK_K, WINDOW, PRUNE, False, IEEE)
+                                      KV_HEADS, HEAD_DIM, BLOCK_Q, BLOCK_K, WINDOW, PRUNE, False, IEEE)
   tl.store(DQ + rows, (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
 @triton.jit
 def row_term_kernel(Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2: tl.constexpr,
-                    SEQ_LEN: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    SEQ_LEN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                    HEAD_DIM: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
                     PRUNE: tl.constexpr, IEEE: tl.constexpr):
   """delta [B, H, T] float32 = sum_j P_ij dP_ij of one query block (DELTA is the output)."""
   _, delta, _, positions = _query_block_sweep(
-      Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN, HEADS, HEAD_DIM, BLOCK_Q, BLOCK_K,
+      Q, K, V, C, CLO, SEG, THR, DO, LSE, DELTA, scale2, SEQ_LEN, HEADS, KV_HEADS, HEAD_DIM, BLOCK_Q, BLOCK_K,
       WINDOW, PRUNE, True, IEEE)
   tl.store(DELTA + positions, delta)

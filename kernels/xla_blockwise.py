@@ -20,6 +20,13 @@ c is the two-float cumsum of decay.py (each (batch, head, position) holds c = hi
 every tile forms c_i - c_j from the two parts, never as a difference of two large float32
 numbers; the backward's reverse cumsum of dc is compensated the same way.
 
+Grouped-query attention (gqa.py): k, v (and dk, dv) hold H key/value heads, q, dO, c, the
+segment ids, lse, delta and dc all HQ query heads. Every tile product views the query side as
+[B, H, G, ...] against the shared [B, H, ...] key/value head (no repeat), and the dk/dv sweep's
+products contract over the group's query heads and the block's rows together: dK and dV are
+summed over the group inside the sweep, in its float32 accumulators of K's size (no
+per-query-head copy).
+
 Block pairs. Every sweep is written for a block of queries and a block of keys that may be two
 different stretches of one sequence: the queries' arrays (q, c_q, seg_q, and dO, lse, delta)
 and the keys' (k, v, c_k, seg_k) come separately, with ``offsets`` = (q_offset, k_offset), the
@@ -38,15 +45,38 @@ from . import decay
 from .backends import Backend, PairKernels, register_backend
 
 from .block_sizes import BlockSizes, first_key_block_in_window, floor_div, heads_major, padded_length
+from .gqa import grouped, ungrouped
 from .pruning import unless_skipped
 from . import row_term
 from .reference import tile_logits
 from .vjp import BackendKernels, differentiable
 
 
+def _rows_by_keys(rows, keys):
+  """rows [B, HQ, r, D] . keys [B, H, k, D] -> [B, HQ, r, k] float32: each query head against
+  its group's key/value head (q k^T, and dO v^T)."""
+  out = jnp.einsum("bhgqd,bhkd->bhgqk", grouped(rows, keys.shape[1], 1), keys,
+                   preferred_element_type=jnp.float32)
+  return ungrouped(out, 1)
+
+
+def _weights_by_keys(p, keys):
+  """p [B, HQ, r, k] @ keys [B, H, k, D] -> [B, HQ, r, D] float32 (P V, and dS K)."""
+  out = jnp.einsum("bhgqk,bhkd->bhgqd", grouped(p, keys.shape[1], 1), keys,
+                   preferred_element_type=jnp.float32)
+  return ungrouped(out, 1)
+
+
+def _group_keys_grad(p, rows, kv_heads):
+  """p^T rows summed over the group: p [B, HQ, r, k], rows [B, HQ, r, D] -> [B, H, k, D]
+  float32 (dV = P^T dO and dK = dS^T Q of the shared key/value head)."""
+  return jnp.einsum("bhgqk,bhgqd->bhkd", grouped(p, kv_heads, 1), grouped(rows, kv_heads, 1),
+                    preferred_element_type=jnp.float32)
+
+
 def _tile_logits(q_blk, k_blk, c_q, c_k, seg_q, seg_k, q_start, k_start, sm_scale, window):
-  """Logits of one [block_q, block_k] tile, -inf where masked. Shapes [B, H, bq, bk]."""
-  qk = jnp.einsum("bhqd,bhkd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+  """Logits of one [block_q, block_k] tile, -inf where masked. Shapes [B, HQ, bq, bk]."""
+  qk = _rows_by_keys(q_blk, k_blk)
   return tile_logits(qk, c_q, c_k, seg_q, seg_k, sm_scale, q_start, k_start, window=window)
 
 
@@ -72,7 +102,7 @@ def _merge_blocks(x, axis):
 
 def _dscores(p, do_blk, v_blk, delta):
   """dS = P * (dP - delta) of one tile, dP = dO V^T (both backward sweeps)."""
-  dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, v_blk, preferred_element_type=jnp.float32)
+  dp = _rows_by_keys(do_blk, v_blk)
   return p * (dp - delta[..., None])
 
 
@@ -137,9 +167,9 @@ def _query_block_sweep(tile, q_side, k, c_k, thr, offsets, bq, bk, window, init)
 
 
 def pair_forward(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, bq, bk, window):
-  """q: [B, H, Tq, D], k, v: [B, H, Tk, D]; c_*, seg_*: [B, H, T*] (c_* a decay.TwoFloat, or
-  plain float32 arrays). Returns o [B, H, Tq, D]
-  (float32) and lse [B, H, Tq]."""
+  """q: [B, HQ, Tq, D], k, v: [B, H, Tk, D] (H divides HQ: gqa.py); c_*, seg_*: [B, HQ, T*]
+  (c_* a decay.TwoFloat, or plain float32 arrays). Returns o [B, HQ, Tq, D] (float32) and lse
+  [B, HQ, Tq]."""
   batch, heads, _, head_dim = q.shape
 
   def tile(q_start, blocks, k_start, local, c_blk, carry):
@@ -152,8 +182,7 @@ def pair_forward(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, bq, bk
     p = jnp.exp(s - m_safe[..., None])
     alpha = jnp.exp(m - m_safe)
     l = alpha * l + p.sum(axis=-1)
-    pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), _slice(v, local, bk, 2),
-                    preferred_element_type=jnp.float32)
+    pv = _weights_by_keys(p.astype(v.dtype), _slice(v, local, bk, 2))
     return m_new, l, alpha[..., None] * acc + pv
 
   init = lambda blocks: (jnp.full((batch, heads, bq), -jnp.inf, jnp.float32),
@@ -175,8 +204,7 @@ def pair_row_term(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, sm_sca
     q_blk, c_blk_q, seg_blk_q, do_blk, lse_blk = blocks
     s = _tile_logits(q_blk, _slice(k, local, bk, 2), c_blk_q, c_blk, seg_blk_q,
                      _slice(seg_k, local, bk, 2), q_start, k_start, sm_scale, window)
-    dp = jnp.einsum("bhqd,bhkd->bhqk", do_blk, _slice(v, local, bk, 2),
-                    preferred_element_type=jnp.float32)
+    dp = _rows_by_keys(do_blk, _slice(v, local, bk, 2))
     return delta + jnp.sum(_probabilities(s, lse_blk) * dp, axis=-1)
 
   init = lambda blocks: jnp.zeros(blocks[0].shape[:-1], jnp.float32)
@@ -194,7 +222,7 @@ def pair_backward_dq(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, del
     s = _tile_logits(q_blk, k_blk, c_blk_q, c_blk, seg_blk_q, _slice(seg_k, local, bk, 2), q_start,
                      k_start, sm_scale, window)
     ds = _dscores(_probabilities(s, lse_blk), do_blk, v_blk, delta_blk)
-    return dq + jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_blk, preferred_element_type=jnp.float32)
+    return dq + _weights_by_keys(ds.astype(k.dtype), k_blk)
 
   init = lambda blocks: jnp.zeros(blocks[0].shape, jnp.float32)
   dq = _query_block_sweep(tile, (q, c_q, seg_q, do, lse, delta), k, c_k, thr, offsets, bq, bk, window, init)
@@ -203,8 +231,10 @@ def pair_backward_dq(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, del
 
 def pair_backward_dkv(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, delta, sm_scale, bq, bk,
                       window):
-  """This pair's part of (dk (not yet times sm_scale), dv, dc_k), all float32."""
+  """This pair's part of (dk (not yet times sm_scale), dv, dc_k), all float32; dk, dv [B, H,
+  Tk, D] summed over each group's query heads, dc_k [B, HQ, Tk]."""
   q_offset, k_offset = offsets
+  kv_heads = k.shape[1]
   num_q_blocks = q.shape[2] // bq
 
   def one_key_block(args):
@@ -217,9 +247,9 @@ def pair_backward_dkv(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, de
       s = _tile_logits(q_blk, k_blk, c_blk_q, c_blk_k, _slice(seg_q, local, bq, 2), seg_blk_k,
                        q_offset + local, k_start, sm_scale, window)
       p = _probabilities(s, _slice(lse, local, bq, 2))
-      dv = dv + jnp.einsum("bhqk,bhqd->bhkd", p.astype(do.dtype), do_blk, preferred_element_type=jnp.float32)
+      dv = dv + _group_keys_grad(p.astype(do.dtype), do_blk, kv_heads)
       ds = _dscores(p, do_blk, v_blk, _slice(delta, local, bq, 2))
-      dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_blk, preferred_element_type=jnp.float32)
+      dk = dk + _group_keys_grad(ds.astype(q.dtype), q_blk, kv_heads)
       return dk, dv, dc - ds.sum(axis=-2)
 
     lo, hi = _query_blocks(k_start, bk, bq, num_q_blocks, window, q_offset)

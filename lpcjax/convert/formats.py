@@ -10,6 +10,13 @@
   gate, optional output gate and per-head QK-norm, no positional embedding, no KV-shift, no
   output norm.
 
+Grouped-query attention (``num_kv_heads`` < ``num_heads``, consecutive query heads sharing a
+key/value head in both packages, as in lpcjax) converts both ways for fla's FoX and the
+official Transformer (LLaMA) baseline. The official FoX layer has none: its
+ForgettingAttentionLayer raises NotImplementedError ("GQA has not been tested") for any
+num_kv_heads, so such a config.json is refused on import, and a FoX (or Pro) model with
+num_kv_heads exports only as fla.
+
 Options lpcjax cannot represent are refused with a one-line ConvertError naming the config.json
 key (or the lpcjax field, when exporting). Options that do not change what the PyTorch model
 computes (fused kernels, max_position_embeddings, training-loss switches) are ignored.
@@ -69,12 +76,14 @@ def _common(hf):
   """The family-config fields every format shares; refuses what none of them has in lpcjax."""
   d_model, heads = hf["hidden_size"], hf["num_heads"]
   require(d_model % heads == 0, "num_heads", f"hidden_size={d_model} is not divisible by num_heads={heads}")
-  require(hf.get("num_kv_heads") in (None, heads), "num_kv_heads",
-          f"{hf.get('num_kv_heads')} key/value heads for {heads} query heads: lpcjax has no grouped-query attention")
+  kv_heads = hf.get("num_kv_heads")
+  require(kv_heads is None or (isinstance(kv_heads, int) and 1 <= kv_heads and heads % kv_heads == 0),
+          "num_kv_heads", f"{kv_heads} key/value heads for {heads} query heads: they must divide num_heads")
   require(hf.get("hidden_act", "swish") == "swish", "hidden_act",
           f"{hf.get('hidden_act')!r}: lpcjax's MLP is SwiGLU ('swish')")
   mlp_ratio, multiple_of = _mlp_fields(d_model, hf.get("hidden_ratio", 4), hf.get("intermediate_size"))
   return dict(vocab_size=hf["vocab_size"], d_model=d_model, num_layers=hf["num_hidden_layers"], num_heads=heads,
+              num_kv_heads=None if kv_heads in (None, heads) else kv_heads,
               mlp_ratio=mlp_ratio, mlp_multiple_of=multiple_of, norm_eps=hf.get("norm_eps", 1e-6),
               init_std=hf.get("initializer_range", 0.02), tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
 
@@ -99,6 +108,9 @@ def model_config(fmt, model_type, hf, **overrides):
 
 
 def _official_fox(hf, overrides):
+  require(hf.get("num_kv_heads") in (None, hf["num_heads"]), "num_kv_heads",
+          f"{hf.get('num_kv_heads')} key/value heads for {hf['num_heads']} query heads: the official FoX layer has "
+          "no grouped-query attention (it raises NotImplementedError for num_kv_heads)")
   require(hf.get("ogate_act", "sigmoid") == "sigmoid", "ogate_act",
           f"{hf.get('ogate_act')!r}: lpcjax's output gate is a sigmoid")
   require(bool(hf.get("use_k_shift")) == bool(hf.get("use_v_shift")), "use_k_shift",
@@ -147,7 +159,7 @@ def _export_common(cfg, field_prefix="model"):
           f"{cfg.head_dim} with d_model={cfg.d_model} and {cfg.num_heads} heads: the PyTorch models use "
           "d_model / num_heads")
   return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.num_layers,
-              num_heads=cfg.num_heads, num_kv_heads=None, hidden_ratio=_mlp_ratio(cfg),
+              num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, hidden_ratio=_mlp_ratio(cfg),
               intermediate_size=cfg.mlp_hidden_size, hidden_act="swish", initializer_range=cfg.init_std,
               norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, torch_dtype="float32")
 
@@ -166,6 +178,8 @@ def hf_config(fmt, cfg):
                 use_rope=cfg.use_rope, rope_base=cfg.rope_theta, window_size=cfg.attention_window)
   require(cfg.attention_window is None, "model.attention_window",
           "the official FoX layer has no sliding window (its LLaMA Transformer has; FoX and Pro blocks do not)")
+  require(cfg.num_kv_heads in (None, cfg.num_heads), "model.num_kv_heads",
+          "the official FoX layer has no grouped-query attention (its LLaMA Transformer has); export with --format fla")
   fox = cfg.family == "fox"
   gate = {v: k for k, v in OFFICIAL_GATES.items()}[cfg.forget_gate] if fox else "none"
   bias_init = gate in ("bias_only", "fixed")  # the official code requires it for "fixed"

@@ -24,15 +24,20 @@ GATE, UP = "mlp.gate_proj.weight", "mlp.up_proj.weight"
 
 def _layouts(cfg):
   """{kind: (torch -> lpcjax, lpcjax -> torch)} for this model's shapes."""
-  d, heads, head_dim = cfg.d_model, cfg.num_heads, cfg.resolved_head_dim
+  d, heads, kv_heads, head_dim = cfg.d_model, cfg.num_heads, cfg.resolved_kv_heads, cfg.resolved_head_dim
+  to_heads = lambda n: (lambda t: t.T.reshape(d, n, head_dim), lambda a: a.reshape(d, n * head_dim).T)
+  per_head = lambda n: (lambda t: t.reshape(n, head_dim), lambda a: a.reshape(n * head_dim))
   return {
       "copy": (lambda t: t, lambda a: a),
       "dense": (lambda t: t.T, lambda a: a.T),  # Linear [out, in] <-> kernel [in, out]
-      "to_heads": (lambda t: t.T.reshape(d, heads, head_dim), lambda a: a.reshape(d, heads * head_dim).T),
+      "to_heads": to_heads(heads),
+      "to_kv_heads": to_heads(kv_heads),  # k/v: [kv_heads * head_dim, d] (grouped-query attention)
       "from_heads": (lambda t: t.T.reshape(heads, head_dim, d), lambda a: a.reshape(heads * head_dim, d).T),
-      "per_head": (lambda t: t.reshape(heads, head_dim), lambda a: a.reshape(heads * head_dim)),
+      "per_head": per_head(heads),
+      "per_kv_head": per_head(kv_heads),
       # a scale shared by the heads, written where the PyTorch model has one per head
       "tile_heads": (None, lambda a: np.tile(a, heads)),
+      "tile_kv_heads": (None, lambda a: np.tile(a, kv_heads)),
   }
 
 
@@ -45,8 +50,8 @@ def layer_table(fmt, cfg):
       (("mlp_norm", "scale"), "mlp_norm.weight", "copy"),
       (("attn", "q_proj", "kernel"), "attn.q_proj.weight", "to_heads"),
       # with KV-shift, the official k/v projections are ShiftLinear modules: .linear and .shift_proj
-      (("attn", "k_proj", "kernel"), "attn.k_proj.linear.weight" if shift else "attn.k_proj.weight", "to_heads"),
-      (("attn", "v_proj", "kernel"), "attn.v_proj.linear.weight" if shift else "attn.v_proj.weight", "to_heads"),
+      (("attn", "k_proj", "kernel"), "attn.k_proj.linear.weight" if shift else "attn.k_proj.weight", "to_kv_heads"),
+      (("attn", "v_proj", "kernel"), "attn.v_proj.linear.weight" if shift else "attn.v_proj.weight", "to_kv_heads"),
       (("attn", "o_proj", "kernel"), "attn.o_proj.weight", "from_heads"),
       (("mlp", "w_gate", "kernel"), GATE, "dense"),
       (("mlp", "w_up", "kernel"), UP, "dense"),
@@ -59,8 +64,10 @@ def layer_table(fmt, cfg):
     kind = "copy" if cfg.qk_norm_shared_scale else "per_head"
     if not official and cfg.qk_norm_shared_scale:
       kind = "tile_heads"  # fla's QK-norm always has one scale per channel of every head
+    # k's per-head scales are per key/value head (fla's k_norm: a GroupNorm over kv_heads groups)
+    k_kind = {"per_head": "per_kv_head", "tile_heads": "tile_kv_heads"}.get(kind, kind)
     table += [(("attn", "q_norm", "scale"), "attn.q_norm.weight", kind),
-              (("attn", "k_norm", "scale"), "attn.k_norm.weight", kind)]
+              (("attn", "k_norm", "scale"), "attn.k_norm.weight", k_kind)]
   if cfg.use_output_gate:
     table.append((("attn", "g_proj", "kernel"), "attn.ogate_proj.weight" if official else "attn.g_proj.weight",
                   "to_heads"))

@@ -25,6 +25,12 @@ sits beside the kernels, in ``lpcjax.kernels.decode``, and the cache layouts her
 * the window cache (``init_window_cache``: the last ``window − 1`` keys), for streaming a long
   sequence chunk by chunk (LPC-SM's ``init_state``); the outputs equal one parallel pass.
 
+Grouped-query attention: ``num_kv_heads`` < ``num_heads`` projects k and v to fewer heads that
+groups of consecutive query heads share (``lpcjax.kernels.gqa``); the kernels read the shared
+head, nothing repeats K/V, and both caches store the key/value heads only. The forget gate stays
+per query head (as in flash-linear-attention's FoX); KV-shift has one gate per key/value head,
+and the QK-norm's per-head scales of k (``qk_norm_shared_scale=False``) are per key/value head.
+
 The layer reads an ``AttentionConfig`` (the family configs build one with
 ``attention_config()``); in another model, give it the few fields that matter:
 
@@ -54,7 +60,9 @@ HEADS = ("activation_batch", "activation_length", "activation_heads", "activatio
 class AttentionConfig:
   """What ``ForgettingAttention`` and ``init_layer_cache`` read.
 
-  * Sizes: ``d_model`` (input and output width), ``num_heads``, ``head_dim``.
+  * Sizes: ``d_model`` (input and output width), ``num_heads``, ``head_dim``, and
+    ``num_kv_heads`` (None: ``num_heads``; fewer: grouped-query attention, it must divide
+    ``num_heads``).
   * ``gate``: the forget gate (``GateConfig``, its num_heads = ``num_heads``), or None: no gate,
     log f = 0, exactly causal softmax attention (the ``transformer`` family).
   * ``use_rope``, ``rope_theta``: rotary embedding of q and k and its base.
@@ -69,6 +77,7 @@ class AttentionConfig:
   d_model: int
   num_heads: int
   head_dim: int
+  num_kv_heads: Optional[int] = None
   gate: Optional[GateConfig] = None
   use_rope: bool = True
   rope_theta: float = 10000.0
@@ -87,10 +96,18 @@ class AttentionConfig:
   param_dtype: str = "float32"
 
   def __post_init__(self):
+    if self.kv_heads < 1 or self.num_heads % self.kv_heads:
+      raise ValueError(f"AttentionConfig: num_kv_heads={self.num_kv_heads} must be >= 1 and divide "
+                       f"num_heads={self.num_heads}")
     if self.gate is not None and self.gate.num_heads != self.num_heads:
       raise ValueError(f"AttentionConfig: gate.num_heads={self.gate.num_heads} != num_heads={self.num_heads}")
     if self.use_rope and self.head_dim % 2:
       raise ValueError(f"AttentionConfig: RoPE needs an even head_dim, got {self.head_dim}")
+
+  @property
+  def kv_heads(self):
+    """The key/value heads: ``num_kv_heads``, or ``num_heads`` when it is None."""
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
 
 class KVShift(nn.Module):
@@ -136,15 +153,15 @@ class ForgettingAttention(nn.Module):
     With a window cache (``init_window_cache``): returns (output, rolled cache); x is the next
     chunk of a stream whose first token sits at ``context["position"]`` (a scalar)."""
     cfg = self.config
-    heads, head_dim = cfg.num_heads, cfg.head_dim
+    heads, kv_heads, head_dim = cfg.num_heads, cfg.kv_heads, cfg.head_dim
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
 
-    def project(name):
-      return Projection((heads, head_dim), ("embed", "heads", "head_dim"), init_std=cfg.init_std,
+    def project(name, count=heads):
+      return Projection((count, head_dim), ("embed", "heads", "head_dim"), init_std=cfg.init_std,
                         dtype=dtype, param_dtype=param_dtype, name=name)(x)
 
-    def head_norm(name, eps, shared):
-      shape = (head_dim,) if shared else (heads, head_dim)
+    def head_norm(name, eps, shared, count=heads):
+      shape = (head_dim,) if shared else (count, head_dim)
       axes = ("head_dim",) if shared else ("heads", "head_dim")
       return RMSNorm(eps=eps, dtype=dtype, param_dtype=param_dtype, scale_axes=axes,
                      scale_shape=shape, name=name)
@@ -153,15 +170,15 @@ class ForgettingAttention(nn.Module):
     decoding = cache is not None and not streaming and x.shape[1] == 1
     if streaming and (cfg.use_kv_shift or segment_ids is not None):
       raise ValueError("a window cache streams one unsegmented stream without KV-shift")
-    q, k, v = project("q_proj"), project("k_proj"), project("v_proj")
+    q, k, v = project("q_proj"), project("k_proj", kv_heads), project("v_proj", kv_heads)
     candidates = (k, v)  # KV-shift state: the unshifted projections
     if cfg.use_kv_shift:
-      shift = lambda name: KVShift(heads, cfg.init_std, name=name)
+      shift = lambda name: KVShift(kv_heads, cfg.init_std, name=name)
       k = shift("k_shift")(x, k, segment_ids, cache["k_prev"] if decoding else None)
       v = shift("v_shift")(x, v, segment_ids, cache["v_prev"] if decoding else None)
     if cfg.use_qk_norm:
       shared = cfg.qk_norm_shared_scale
-      q, k = head_norm("q_norm", 1e-5, shared)(q), head_norm("k_norm", 1e-5, shared)(k)
+      q, k = head_norm("q_norm", 1e-5, shared)(q), head_norm("k_norm", 1e-5, shared, kv_heads)(k)
     if cfg.use_rope:
       if decoding:
         positions = (context["lengths"] - context["rope_start"])[:, None]
@@ -184,7 +201,8 @@ class ForgettingAttention(nn.Module):
       options = dict(segment_ids=segment_ids, impl=cfg.impl, debug=cfg.debug,
                      prune_epsilon=cfg.prune_epsilon, window=cfg.window)
       # checkify (debug) cannot transform shard_map: debug runs leave attention to GSPMD.
-      placement = None if cfg.debug else attention_mesh_axes(x.shape[0], heads)
+      # (the key/value heads decide: they divide the query heads, and each device holds whole groups)
+      placement = None if cfg.debug else attention_mesh_axes(x.shape[0], kv_heads)
       if placement is None:
         o = forgetting_attention(q, k, v, log_fgate, **options)
       else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard,
@@ -207,12 +225,13 @@ class ForgettingAttention(nn.Module):
 
 
 # ----------------------------------------------------------------------------- cached decoding
-# A layer's cache: k, v [batch, max_len, heads, head_dim] (after KV-shift, QK-norm and RoPE), with
-# a forget gate c [batch, max_len, heads] float32 = cumsum of log f over the row (c_i - c_j is
+# A layer's cache: k, v [batch, max_len, kv_heads, head_dim] (after KV-shift, QK-norm and RoPE;
+# the key/value heads only, G times fewer than the query heads with grouped-query attention), with
+# a forget gate c [batch, max_len, heads] float32 (per query head) = cumsum of log f over the row (c_i - c_j is
 # the decay between two positions of one segment; without a gate it is 0 and not stored) with
 # its low part c_lo (c = c + c_lo exactly, lpcjax.kernels.decay: a float32 c alone would put
 # an error of ~1e-3 into every decay at |c| ~ 4e4), and
-# with KV-shift the last unshifted k, v [batch, heads, head_dim]. The model's ``context`` gives
+# with KV-shift the last unshifted k, v [batch, kv_heads, head_dim]. The model's ``context`` gives
 # each row's ``lengths`` (prefill: the prompt length;
 # decoding: the new token's position), ``rope_start`` and ``segments`` [batch, max_len].
 
@@ -222,14 +241,15 @@ CACHE_AXES = ("activation_batch", "activation_length", "activation_heads", "acti
 def init_layer_cache(cfg, batch, max_len):
   """An empty cache (zeros, in the compute dtype) for one ``ForgettingAttention(cfg)`` layer,
   cfg an ``AttentionConfig``."""
-  heads, head_dim, dtype = cfg.num_heads, cfg.head_dim, dtype_of(cfg.dtype)
-  cache = {"k": jnp.zeros((batch, max_len, heads, head_dim), dtype),
-           "v": jnp.zeros((batch, max_len, heads, head_dim), dtype)}
+  heads, kv_heads, head_dim, dtype = cfg.num_heads, cfg.kv_heads, cfg.head_dim, dtype_of(cfg.dtype)
+  cache = {"k": jnp.zeros((batch, max_len, kv_heads, head_dim), dtype),
+           "v": jnp.zeros((batch, max_len, kv_heads, head_dim), dtype)}
   if cfg.gate is not None:
     cache["c"] = jnp.zeros((batch, max_len, heads), jnp.float32)
     cache["c_lo"] = jnp.zeros((batch, max_len, heads), jnp.float32)
   if cfg.use_kv_shift:
-    cache.update(k_prev=jnp.zeros((batch, heads, head_dim), dtype), v_prev=jnp.zeros((batch, heads, head_dim), dtype))
+    cache.update(k_prev=jnp.zeros((batch, kv_heads, head_dim), dtype),
+                 v_prev=jnp.zeros((batch, kv_heads, head_dim), dtype))
   return cache
 
 
@@ -272,8 +292,8 @@ def init_window_cache(cfg, batch):
   if cfg.window is None:
     raise ValueError("a window cache needs AttentionConfig.window")
   size, dtype = cfg.window - 1, dtype_of(cfg.dtype)
-  return {"k": jnp.zeros((batch, size, cfg.num_heads, cfg.head_dim), dtype),
-          "v": jnp.zeros((batch, size, cfg.num_heads, cfg.head_dim), dtype),
+  return {"k": jnp.zeros((batch, size, cfg.kv_heads, cfg.head_dim), dtype),
+          "v": jnp.zeros((batch, size, cfg.kv_heads, cfg.head_dim), dtype),
           "c": jnp.zeros((batch, size, cfg.num_heads), jnp.float32),
           "c_lo": jnp.zeros((batch, size, cfg.num_heads), jnp.float32),
           "valid": jnp.zeros((batch, size), bool), "c_last": jnp.zeros((batch, cfg.num_heads), jnp.float32),

@@ -1,9 +1,11 @@
 """The config fields every decoder-only language model of the zoo shares, and their checks.
 
 ``DecoderConfig`` is the base of ``TransformerConfig``/``FoXConfig``, ``LPCSMConfig`` and
-``SITHConfig``: sizes, initialisation, dtypes and rematerialisation. ``GateFields`` adds the
-forget gate's init fields to the families that can put FoX's gate in their attention (``fox``,
-``lpcsm``); each of those declares its own ``forget_gate`` default and the variants it allows.
+``SITHConfig``: sizes, initialisation, dtypes and rematerialisation. ``KVHeadFields`` adds
+grouped-query attention (``num_kv_heads``) to the families whose attention is lpcjax's layer
+(``transformer``, ``fox``, ``lpcsm``). ``GateFields`` adds the forget gate's init fields to
+the families that can put FoX's gate in their attention (``fox``, ``lpcsm``); each of those
+declares its own ``forget_gate`` default and the variants it allows.
 """
 
 import dataclasses
@@ -29,8 +31,10 @@ def check_attention_impl(model, context_parallel=False):
   dtype, window; with ``context_parallel``, the ring's pair kernels): a one-line ConfigError
   when the config is built, not a traceback when the model is traced. Not the platform: a
   config may be written on one machine for another."""
+  kv_heads = getattr(model, "resolved_kv_heads", model.num_heads)
   problem = unsupported(model.attention_impl, head_dim=model.resolved_head_dim, dtype=model.dtype,
-                        window=model.attention_window, context_parallel=context_parallel)
+                        window=model.attention_window, context_parallel=context_parallel,
+                        kv_group=model.num_heads // kv_heads)
   require(problem is None, "model.attention_impl", problem)
 
 
@@ -64,6 +68,25 @@ class DecoderConfig:
   @property
   def resolved_head_dim(self):
     return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class KVHeadFields:
+  """Grouped-query attention: ``num_kv_heads`` key/value heads, each shared by num_heads /
+  num_kv_heads consecutive query heads (None: num_heads, plain multi-head attention). The
+  forget gate stays per query head; the decoding cache holds the key/value heads only."""
+
+  num_kv_heads: Optional[int] = None
+
+  def check_kv_heads(self):
+    require(self.num_kv_heads is None or self.num_kv_heads >= 1, "model.num_kv_heads",
+            f"must be >= 1 or None, got {self.num_kv_heads}")
+    require(self.num_heads % self.resolved_kv_heads == 0, "model.num_kv_heads",
+            f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}")
+
+  @property
+  def resolved_kv_heads(self):
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,13 +11,13 @@ from lpcjax.layers.forget_gate import GATE_VARIANTS
 from lpcjax.layers.mlp import MLPConfig, swiglu_hidden_size
 
 from .decoder import DecoderLM, init_cache
-from .decoder_config import DecoderConfig, GateFields, check_attention_impl
+from .decoder_config import DecoderConfig, GateFields, KVHeadFields, check_attention_impl
 from .family import register
 from .language_model import language_model_family
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig(DecoderConfig):
+class TransformerConfig(KVHeadFields, DecoderConfig):
   """Decoder LM config. ``block="pro"`` turns on QK-norm, output gate, output norm and KV-shift
   (each can be set alone for ablations: leave None to follow ``block``). The layers get typed
   configs built from it: ``attention_config()``, ``mlp_config()``."""
@@ -54,6 +54,7 @@ class TransformerConfig(DecoderConfig):
     require(self.mlp_ratio is None or self.mlp_ratio > 0, "model.mlp_ratio", "must be > 0")
     require(self.attention_window is None or self.attention_window >= 1, "model.attention_window",
             f"must be >= 1 or None, got {self.attention_window}")
+    self.check_kv_heads()
     check_attention_impl(self)
 
   def describe(self):
@@ -91,8 +92,9 @@ class TransformerConfig(DecoderConfig):
   def attention_config(self):
     """The ``AttentionConfig`` of every block's attention layer."""
     return AttentionConfig(
-        d_model=self.d_model, num_heads=self.num_heads, head_dim=self.resolved_head_dim, gate=self.gate_config(),
-        use_rope=self.use_rope, rope_theta=self.rope_theta, use_qk_norm=self.use_qk_norm,
+        d_model=self.d_model, num_heads=self.num_heads, head_dim=self.resolved_head_dim,
+        num_kv_heads=self.num_kv_heads, gate=self.gate_config(), use_rope=self.use_rope,
+        rope_theta=self.rope_theta, use_qk_norm=self.use_qk_norm,
         qk_norm_shared_scale=self.qk_norm_shared_scale, use_output_norm=self.use_output_norm,
         use_output_gate=self.use_output_gate, use_kv_shift=self.use_kv_shift, norm_eps=self.norm_eps,
         window=self.attention_window, impl=self.attention_impl, prune_epsilon=self.prune_epsilon,

@@ -43,13 +43,13 @@ from lpcjax.layers.mlp import MLPConfig, SwiGLU, swiglu_hidden_size
 from lpcjax.losses import masked_cross_entropy, scored_positions
 
 from .decoder import EMBED, lm_head, rematted, scanned_layers
-from .decoder_config import DecoderConfig, GateFields, check_attention_impl
+from .decoder_config import DecoderConfig, GateFields, KVHeadFields, check_attention_impl
 from .family import register
 from .language_model import check_vocab, language_model_evaluator, language_model_family
 
 
 @dataclasses.dataclass(frozen=True)
-class LPCSMConfig(GateFields, DecoderConfig):
+class LPCSMConfig(GateFields, KVHeadFields, DecoderConfig):
   """LPC-SM. Mechanism switches give the paper's ablations: ``mhc``, ``slow_memory``,
   ``predictive_coding``, ``ont``, ``stop_head`` (Stage A) and ``learn_ratio`` (Stage B's fixed
   ratio control). Sizes and rules marked NOT FOUND in lpc-sm-spec.md are chosen here."""
@@ -161,6 +161,7 @@ class LPCSMConfig(GateFields, DecoderConfig):
       require(0 < getattr(self, name) < 1, f"model.{name}", "must be in (0, 1)")
     require(0 <= self.resolved_stop_token < self.vocab_size, "model.stop_token",
             f"{self.stop_token} is not a token of the {self.vocab_size}-token vocabulary")
+    self.check_kv_heads()
     check_attention_impl(self)
 
     require_choice(self.position_embedding, "model.position_embedding", {"sinusoidal", "none"})
@@ -192,8 +193,9 @@ class LPCSMConfig(GateFields, DecoderConfig):
   def attention_config(self):
     """The local attention: a sliding window with RoPE (and FoX's gate if ``forget_gate``)."""
     return AttentionConfig(
-        d_model=self.d_model, num_heads=self.num_heads, head_dim=self.resolved_head_dim, gate=self.gate_config(),
-        use_rope=True, rope_theta=self.rope_theta, norm_eps=self.norm_eps, window=self.attention_window,
+        d_model=self.d_model, num_heads=self.num_heads, head_dim=self.resolved_head_dim,
+        num_kv_heads=self.num_kv_heads, gate=self.gate_config(), use_rope=True, rope_theta=self.rope_theta,
+        norm_eps=self.norm_eps, window=self.attention_window,
         impl=self.attention_impl, init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype)
 
   def mlp_config(self):

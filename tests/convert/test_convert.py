@@ -48,15 +48,22 @@ ROUND_TRIPS = {
                                     mlp_multiple_of=24, output_gate=True, kv_shift=True),
     "transformer_llama_window": TransformerConfig(**TINY, attention_window=5, rope_theta=500000.0),
     "transformer_pro": TransformerConfig(**TINY, block="pro"),
+    # grouped-query attention: 4 query heads on 2 key/value heads (the official Transformer has it)
+    "transformer_llama_gqa": TransformerConfig(**TINY, num_kv_heads=2),
 }
+# fla's FoX with grouped-query attention (the official FoX layer has none), per-head QK-norm:
+# k_proj and k_norm at 2 heads, q_proj, f_proj, g_proj at 4
+FLA_GQA = FoXConfig(**TINY, num_kv_heads=2, qk_norm=True, qk_norm_shared_scale=False, output_gate=True)
 
 
 @pytest.mark.parametrize("fmt,name", [("official", name) for name in ROUND_TRIPS] +
-                         [("fla", "fox_llama"), ("fla", "fox_tied_odd_width_fla")])
+                         [("fla", "fox_llama"), ("fla", "fox_tied_odd_width_fla"), ("fla", "fox_gqa")])
 def test_export_import_round_trip_is_exact(tmp_path, fmt, name):
   if name == "fox_tied_odd_width_fla":  # what fla can hold: no KV-shift
     cfg = dataclasses.replace(ROUND_TRIPS["fox_tied_odd_width"], kv_shift=False, qk_norm=True,
                               qk_norm_shared_scale=False)
+  elif name == "fox_gqa":
+    cfg = FLA_GQA
   else:
     cfg = ROUND_TRIPS[name]
   params = random_params(cfg)
@@ -68,10 +75,25 @@ def test_export_import_round_trip_is_exact(tmp_path, fmt, name):
   # The imported config builds the same model; a second trip leaves it unchanged.
   assert got_cfg.mlp_hidden_size == cfg.mlp_hidden_size
   for field in ("use_qk_norm", "use_output_gate", "use_output_norm", "use_kv_shift", "use_rope", "rope_theta",
-                "tie_embeddings", "attention_window", "forget_gate", "norm_eps"):
+                "tie_embeddings", "attention_window", "forget_gate", "norm_eps", "num_kv_heads"):
     assert getattr(got_cfg, field, None) == getattr(cfg, field, None), field
   convert.save_hf(tmp_path / "hf2", fmt, got_cfg, got_params)
   assert convert.load_hf(tmp_path / "hf2")[1] == got_cfg
+
+
+def test_grouped_query_tensors_have_the_key_value_heads(tmp_path):
+  """fla with num_kv_heads=2 of 4: k/v projections [2 * head_dim, d] and k_norm [2 * head_dim]
+  as fla's layer holds them; config.json says num_kv_heads; the official FoX format refuses
+  to export it in one line."""
+  tensors = weights.from_params("fla", FLA_GQA, random_params(FLA_GQA))
+  p = "model.layers.0."
+  assert tensors[p + "attn.q_proj.weight"].shape == (32, 32)
+  assert tensors[p + "attn.k_proj.weight"].shape == tensors[p + "attn.v_proj.weight"].shape == (16, 32)
+  assert tensors[p + "attn.k_norm.weight"].shape == (16,) and tensors[p + "attn.q_norm.weight"].shape == (32,)
+  assert tensors[p + "attn.f_proj.weight"].shape == (4, 32)
+  assert formats.hf_config("fla", FLA_GQA)["num_kv_heads"] == 2
+  with pytest.raises(ConvertError, match="^model.num_kv_heads: the official FoX layer has no grouped-query"):
+    formats.hf_config("official", FLA_GQA)
 
 
 def test_official_names_and_layouts(tmp_path):
@@ -112,7 +134,9 @@ def _hf_dir(tmp_path, cfg, fmt="official", edit=None, tensors_edit=None):
 
 
 @pytest.mark.parametrize("fmt,edit,message", [
-    ("official", lambda c: c.update(num_kv_heads=2), "num_kv_heads: 2 key/value heads"),
+    ("official", lambda c: c.update(num_kv_heads=2), "num_kv_heads: 2 key/value heads for 4 query heads: the "
+     "official FoX layer has no grouped-query attention"),
+    ("fla", lambda c: c.update(num_kv_heads=3), "num_kv_heads: 3 key/value heads for 4 query heads: they must divide"),
     ("official", lambda c: c.update(use_k_shift=True, use_v_shift=False), "use_k_shift:"),
     ("official", lambda c: c.update(ogate_act="silu"), "ogate_act:"),
     ("official", lambda c: c.update(hidden_act="gelu"), "hidden_act:"),

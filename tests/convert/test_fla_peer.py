@@ -82,6 +82,8 @@ OPTIONS = {
     "qk_norm": dict(qk_norm=True),
     "qk_norm_output_gate": dict(qk_norm=True, use_output_gate=True),
     "tied_eps_width": dict(tie_word_embeddings=True, norm_eps=1e-5, intermediate_size=72, use_output_gate=True),
+    # grouped-query attention: 2 key/value heads for 4 query heads (fla's num_kv_heads), k_norm per kv head
+    "gqa_qk_norm_output_gate": dict(num_kv_heads=2, qk_norm=True, use_output_gate=True),
 }
 
 
@@ -107,7 +109,8 @@ def test_logits_match_fla_and_export_round_trips(tmp_path, fla_reference, name):
     assert torch.equal(value, original[key]), key
   np.testing.assert_array_equal(fla_logits(back, tokens), expected)
   exported = json.loads((tmp_path / "back" / "config.json").read_text())
-  for key in ("qk_norm", "use_output_gate", "tie_word_embeddings", "norm_eps", "hidden_size", "num_heads"):
+  for key in ("qk_norm", "use_output_gate", "tie_word_embeddings", "norm_eps", "hidden_size", "num_heads",
+              "num_kv_heads"):
     assert exported[key] == getattr(model.config, key), key
 
 

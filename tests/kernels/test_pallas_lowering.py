@@ -95,6 +95,16 @@ def test_window_lowers(head_dim):
   assert triton_kernel_count(text) == KERNELS[jnp.bfloat16]
 
 
+def test_grouped_query_attention_lowers():
+  """k, v with 2 heads for 8 query heads: the k/v block specs read head h // 4; dK/dV come out
+  per query head in float32 and are summed outside the kernels."""
+  q = jax.ShapeDtypeStruct((1, 200, 8, 64), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((1, 200, 2, 64), jnp.bfloat16)
+  text = lower_for_cuda(loss_and_grads(prune_epsilon=1e-4, segments=True, window=100), q, kv, kv,
+                        jax.ShapeDtypeStruct((1, 200, 8), jnp.float32), jax.ShapeDtypeStruct((1, 200), jnp.int32))
+  assert triton_kernel_count(text) == KERNELS[jnp.bfloat16]
+
+
 def test_unsupported_head_dim_is_refused():
   with pytest.raises(ValueError, match="head_dim"):
     lower_for_cuda(loss_and_grads(), *specs(64, 48, jnp.bfloat16))

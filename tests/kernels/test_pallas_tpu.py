@@ -180,14 +180,15 @@ def pretend_tpu(monkeypatch):
   monkeypatch.setattr(pallas_tpu, "on_tpu", lambda: True)
 
 
-def lower_for_tpu(head_dim, dtype, seq_len=1000, remat=False, **options):
+def lower_for_tpu(head_dim, dtype, seq_len=1000, remat=False, heads=2, kv_heads=2, **options):
   def loss(q, k, v, log_f, seg):
     attend = lambda *args: forgetting_attention(*args, segment_ids=seg, impl="pallas_tpu",
                                                 **options)
     o = (jax.checkpoint(attend) if remat else attend)(q, k, v, log_f)
     return jnp.sum(o.astype(jnp.float32))
-  qkv = jax.ShapeDtypeStruct((1, seq_len, 2, head_dim), dtype)
-  args = (qkv, qkv, qkv, jax.ShapeDtypeStruct((1, seq_len, 2), jnp.float32),
+  q = jax.ShapeDtypeStruct((1, seq_len, heads, head_dim), dtype)
+  kv = jax.ShapeDtypeStruct((1, seq_len, kv_heads, head_dim), dtype)
+  args = (q, kv, kv, jax.ShapeDtypeStruct((1, seq_len, heads), jnp.float32),
           jax.ShapeDtypeStruct((1, seq_len), jnp.int32))
   grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
   return grad.trace(*args).lower(lowering_platforms=("tpu",)).as_text()
@@ -203,6 +204,13 @@ def test_kernels_lower_for_tpu(pretend_tpu, head_dim, dtype):
   """Default tiles; 1000 is no multiple of them; window, pruning and segments on."""
   text = lower_for_tpu(head_dim, dtype, window=300, prune_epsilon=1e-4)
   assert text.count("tpu_custom_call") == KERNELS[dtype]
+
+
+def test_grouped_query_attention_lowers_for_tpu(pretend_tpu):
+  """k, v with 2 heads for 8 query heads (the k/v block specs read head h // 4), with a window,
+  pruning and segments."""
+  text = lower_for_tpu(128, jnp.bfloat16, heads=8, kv_heads=2, window=300, prune_epsilon=1e-4)
+  assert text.count("tpu_custom_call") == KERNELS[jnp.bfloat16]
 
 
 def test_lowers_for_tpu_under_x64_with_small_tiles(pretend_tpu, x64):

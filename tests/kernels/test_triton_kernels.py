@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import test_forgetting_attention as suite  # noqa: E402
+import test_gqa  # noqa: E402
 import test_sharded  # noqa: E402
 import triton_interpreted  # noqa: E402
 from lpcjax.kernels import BlockSizes, forgetting_attention, triton_backend  # noqa: E402
@@ -132,3 +133,10 @@ def test_remat():
   remat = jax.jit(jax.grad(jax.checkpoint(attend), argnums=(0, 1, 2, 3)))(q, k, v, log_f)
   for a, b in zip(plain, remat):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["G2-T45-segments", "G4-T70-window", "G8-T33-pruned"])
+def test_gqa_matches_reference(case):
+  """Grouped-query attention (test_gqa.py's cases): the kernels read key/value head h // G,
+  dK/dV per query head summed over the group by the glue."""
+  test_gqa.test_backend_gqa_matches_reference("triton", case)

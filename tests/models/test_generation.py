@@ -35,6 +35,25 @@ CASES += [("fox", "pro", "reference", None), ("fox", "llama", "xla", 3)]  # 3: s
 @pytest.mark.parametrize("family,block,impl,window", CASES)
 def test_decode_steps_equal_full_forward(family, block, impl, window):
   _, model, params = build(family, block=block, attention_impl=impl, attention_window=window)
+  check_decoding_equals_full_forward(model, params)
+
+
+def test_grouped_query_cache_holds_the_kv_heads_only_and_decodes_as_the_full_forward():
+  """num_kv_heads=2 of 4 heads (Pro: KV-shift state too): the cache's k, v and KV-shift state
+  hold two heads, half the bytes of the multi-head cache, c stays per query head; each decode
+  step equals the full forward."""
+  _, model, params = build("fox", block="pro", num_heads=4, num_kv_heads=2)
+  cache = init_cache(model.config, 3, 16)["layers"]
+  full = init_cache(models.get("fox").config_cls(**{**TINY, "num_heads": 4}, block="pro"), 3, 16)["layers"]
+  head_dim = TINY["d_model"] // 4
+  assert cache["k"].shape == cache["v"].shape == (2, 3, 16, 2, head_dim)
+  assert cache["k_prev"].shape == (2, 3, 2, head_dim) and cache["c"].shape == (2, 3, 16, 4)
+  kv_bytes = lambda c: sum(c[name].nbytes for name in ("k", "v", "k_prev", "v_prev"))
+  assert 2 * kv_bytes(cache) == kv_bytes(full)
+  check_decoding_equals_full_forward(model, params)
+
+
+def check_decoding_equals_full_forward(model, params):
   rng = np.random.default_rng(0)
   full = rng.integers(0, 48, (3, 14)).astype(np.int32)
   segments = np.zeros((3, 14), np.int32)

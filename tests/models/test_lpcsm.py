@@ -45,7 +45,9 @@ def _perturb(variables, seed=5, scale=0.3):
 
 VARIANTS = {
     "full": TINY,
-    "fox_gate": dataclasses.replace(TINY, forget_gate="data_dependent"),
+    # FoX's gate with grouped-query attention: 4 query heads on 2 key/value heads (the window
+    # cache then holds 2 heads); folded into one variant, each costs a long compile
+    "fox_gate_gqa": dataclasses.replace(TINY, forget_gate="data_dependent", num_heads=4, num_kv_heads=2),
     "no_mhc_no_pc": dataclasses.replace(TINY, mhc=False, predictive_coding=False, position_embedding="none"),
     "no_slow_no_ont": dataclasses.replace(TINY, slow_memory=False, ont=False),
 }

@@ -165,3 +165,41 @@ def test_attention_window_bounds_what_a_position_sees():
   np.testing.assert_array_equal(np.flatnonzero(moved), [5, 6, 7, 8])
   with pytest.raises(ValueError, match="model.attention_window"):
     dataclasses.replace(cfg, attention_window=0)
+
+
+def test_grouped_query_attention_trains_and_is_causal():
+  """FoX (Pro) with num_kv_heads=2 of 4 heads: k, v, the KV-shift gates and the per-head k
+  QK-norm scales at 2 heads; causal, and every parameter gets a non-zero gradient. (The
+  transformer family runs the same layer without the gate.)"""
+  model, params = build("fox", block="pro", qk_norm_shared_scale=False, num_kv_heads=2)
+  leaves = jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))
+  shapes = {jax.tree_util.keystr(path): x.shape for path, x in leaves}
+  shape_of = lambda *names: next(shape for path, shape in shapes.items() if all(f"'{n}'" in path for n in names))
+  assert shape_of("q_proj")[-2:] == (4, 8) and shape_of("k_proj")[-2:] == (2, 8) and shape_of("v_proj")[-2:] == (2, 8)
+  assert shape_of("k_norm")[-2:] == (2, 8) and shape_of("k_shift", "kernel")[-1] == 2
+  rng = np.random.default_rng(2)
+  tokens = jnp.asarray(rng.integers(0, 50, size=(2, 24)))
+  apply = jax.jit(model.apply)
+  logits = apply(params, tokens)
+  changed = apply(params, tokens.at[:, 10:].set((tokens[:, 10:] + 7) % 50))
+  np.testing.assert_allclose(changed[:, :10], logits[:, :10], atol=1e-5)
+  assert not np.allclose(changed[:, 10:], logits[:, 10:])
+
+  def loss(params):
+    logits = model.apply(params, tokens[:, :-1])
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], axis=-1))
+  grads = jax.jit(jax.grad(loss))(params)
+  for path, g in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(grads)):
+    assert float(jnp.max(jnp.abs(g))) > 0, jax.tree_util.keystr(path)
+
+
+def test_num_kv_heads_is_checked_in_one_line():
+  from lpcjax.config import ConfigError
+  from lpcjax.models import FoXConfig, LPCSMConfig
+  for cls in (FoXConfig, LPCSMConfig):
+    with pytest.raises(ConfigError, match="^model.num_kv_heads: num_heads=4 is not divisible by num_kv_heads=3$"):
+      cls(d_model=32, num_heads=4, num_kv_heads=3)
+    with pytest.raises(ConfigError, match="^model.num_kv_heads: must be >= 1 or None, got 0$"):
+      cls(d_model=32, num_heads=4, num_kv_heads=0)
+  assert FoXConfig(d_model=32, num_heads=4, num_kv_heads=2).attention_config().kv_heads == 2
+  assert FoXConfig(d_model=32, num_heads=4).attention_config().kv_heads == 4

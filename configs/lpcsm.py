@@ -14,10 +14,12 @@ config (``runs/lpcsm_tiny``, ...) so that Stage B finds Stage A and C finds B th
 ``train.init_from``; override ``train.init_from`` to start from another run. Data are yours:
 give text files (data.kind=text) or prepared token files (data.kind=tokens, see docs/training.md).
 
-``paper``: 159,857,245 parameters, +0.98 % of the paper's 158,313,241 (its dimensions were not
+``paper``: 159,866,461 parameters, +0.98 % of the paper's 158,313,241 (its dimensions were not
 recovered; 884,772 of them are mHC's input-dependent coefficients): GPT-2 vocabulary, tied
 embeddings, d 768, 12 layers of 12 heads, SwiGLU 2048, memory 512, window 256, chunk 64, 4 mHC
-streams. Learning rate, batch and warm-up were not recovered (AdamW 6e-4, warm-up 1,000 steps).
+streams; the memory's pooling query is in (768 a layer), its per-chunk decay shifts are not
+(``selective_decay=False``: 2 x 512² a layer, 6.3M in all, would put the model 5 % above the
+paper's count). Learning rate, batch and warm-up were not recovered (AdamW 6e-4, warm-up 1,000 steps).
 ``tiny``: d 128, 4 layers, sequence 256 (7.6M parameters, 6.4M of them the tied embedding):
 200 steps took 3 to 10 minutes on 2 CPU cores shared with other jobs.
 
@@ -55,7 +57,7 @@ SIZES = {
              LPCSMTrainConfig(steps=300, learning_rate=2e-3, warmup_steps=30, log_every=25, eval_batches=16,
                               lr_scales=("ratio_logit=10",))),
     "paper": (LPCSMConfig(d_model=768, num_layers=12, num_heads=12, memory_dim=512, attention_window=256,
-                          chunk_size=64, remat_policy="dots_no_batch"),
+                          chunk_size=64, selective_decay=False, remat_policy="dots_no_batch"),
               TextDataConfig(seq_len=2048, batch_size=1),
               LPCSMTrainConfig(steps=16_000, learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=1_000,
                                log_every=100, eval_every=2_000, checkpoint_every=2_000, eval_batches=64,

@@ -20,14 +20,32 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# Small real data shipped with the tests (tests/fixtures/README.md), so that a fresh clone runs
+# every test CI runs: text for the tokenizer, needle and probe tests, UCR samples for the series.
+FIXTURES = REPO / "tests" / "fixtures"
+TEXT = FIXTURES / "text" / "shakespeare.txt"  # plain UTF-8, LF
+BOOK = FIXTURES / "text" / "frankenstein_letter1.txt.gz"  # as Project Gutenberg stores it: BOM, CRLF
+UCR = FIXTURES / "ucr"
 
 
 @pytest.fixture
 def shared_data():
-  """../shared/data beside the checkout; tests that need it skip in a user's fresh clone."""
+  """../shared/data beside the checkout: only the tests of the full corpora need it (they skip
+  in a user's fresh clone); everything else reads tests/fixtures."""
   if not SHARED_DATA.is_dir():
     pytest.skip("../shared/data is not present")
   return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def gpt2_rank_file(tmp_path_factory):
+  """The path of GPT-2's tiktoken rank file (MIT, OpenAI), unpacked once per session from the
+  gzipped copy in tests/fixtures: the real tokenizer, offline."""
+  import gzip
+  path = tmp_path_factory.mktemp("tokenizer") / "gpt2.tiktoken"
+  with gzip.open(FIXTURES / "gpt2.tiktoken.gz") as packed:
+    path.write_bytes(packed.read())
+  return str(path)
 
 
 @pytest.fixture

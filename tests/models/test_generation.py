@@ -122,8 +122,9 @@ def test_errors_are_one_line():
   with pytest.raises(GenerationError, match="top_p"):
     Sampling(top_p=0.0)
   sith = models.get("sith")
-  with pytest.raises(GenerationError, match="sith family cannot decode token by token"):
+  with pytest.raises(GenerationError, match="sith family cannot generate text token by token") as error:
     generate(sith, None, None, [[1]], max_new_tokens=1)
+  assert "init_cache" not in str(error.value)  # the user's words, not the code's
 
 
 def test_generate_command_streams_tokens(tmp_path, capsys):
@@ -141,18 +142,24 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   assert main(["--run", str(run_dir), "--token-ids", "1,2,999999"]) == 2
   err = capsys.readouterr().err.strip()
   assert "prompt token ids must be in" in err and len(err.splitlines()) == 1
+  for prompt, expected in ((["--token-ids", "5,a,3"], "--token-ids: 'a' is not a token id"),
+                           (["--prompt", "two words"], "this run has no tokenizer"),  # not "could not download"
+                           (["--prompt", ""], "this run has no tokenizer")):
+    assert main(["--run", str(run_dir), *prompt]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("text", ["He said \u201cyes\u201d.",
                                   "caf\u00e9 \U0001f600\U0001f44d\U0001f3fd ok",
                                   "\u65e5\u672c\u8a9e\u306e\u6587\u7ae0 \u2014 done"])
-def test_streamed_text_is_what_batch_decoding_prints(shared_data, text):
+def test_streamed_text_is_what_batch_decoding_prints(gpt2_rank_file, text):
   """A character split across GPT-2 tokens streams whole (it once printed as U+FFFD twice)."""
   import io
   from lpcjax.data import load_gpt2_tokenizer
   from lpcjax.generate import TextStream
   from lpcjax.decoding import TokenPrinter
-  tokenizer = load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
+  tokenizer = load_gpt2_tokenizer(gpt2_rank_file)
   ids = tokenizer.encode_ordinary(text)
   assert any("\ufffd" in tokenizer.decode([t]) for t in ids)  # the case that used to garble
   for sequence in (ids, ids[:-1], [*ids[:3], 50256, *ids[3:]]):  # cut mid-character, end-of-text

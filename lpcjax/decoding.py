@@ -138,8 +138,8 @@ class TokenPrinter:
 def check_decodes(family):
   """A one-line GenerationError for a family without cached decoding."""
   if family.init_cache is None:
-    raise GenerationError(f"the {family.name} family cannot decode token by token (it registers no decoding "
-                          "cache: Family.init_cache is None); evaluate it with eval.py")
+    raise GenerationError(f"the {family.name} family cannot generate text token by token (it has no "
+                          "decoding cache); evaluate it with eval.py")
 
 
 def right_padded(rows, width, fill=0):

@@ -36,6 +36,19 @@ class TextStream:
     return self.utf8.decode(b"", final=True)
 
 
+def parse_token_ids(text):
+  """'5,17,3' -> [5, 17, 3]; an entry that is no integer is a one-line error naming it."""
+  from lpcjax.decoding import GenerationError
+  ids = []
+  for entry in filter(str.strip, text.split(",")):
+    try:
+      ids.append(int(entry))
+    except ValueError:
+      raise GenerationError(f"--token-ids: {entry.strip()!r} is not a token id; expected comma-separated "
+                            "integers such as 5,17,3") from None
+  return ids
+
+
 def parse_args(argv):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--run", required=True, help="a run directory (config.json + checkpoints/)")
@@ -71,13 +84,19 @@ def main(argv=None):
     run = load_run(args.run, step=args.step, tokenizer_file=args.tokenizer_file)
     check_decodes(run.family)
     tokenizer = None
-    if args.token_ids:
-      prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]
+    if args.token_ids is not None:
+      prompts = [parse_token_ids(args.token_ids)]
     else:
+      has_tokenizer = hasattr(run.config.data, "tokenizer_file")
+      if not (has_tokenizer or args.tokenizer_file):  # token-id data (mqar): there is no text to encode
+        raise GenerationError(f"this run has no tokenizer (data.kind={run.config.data.kind} is token ids, "
+                              "not text); give the prompt as --token-ids, e.g. --token-ids 5,17,3")
       # The run's resolved rank file (load_run applied --tokenizer-file); a kind without one
-      # (mqar) takes the flag's, else the default lookup.
-      tokenizer = load_gpt2_tokenizer(getattr(run.config.data, "tokenizer_file", args.tokenizer_file))
-      texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
+      # (mqar) takes the flag's.
+      tokenizer = load_gpt2_tokenizer(run.config.data.tokenizer_file if has_tokenizer else args.tokenizer_file)
+      # "" is a prompt too (an error below: it has no tokens), not an absent one
+      texts = ([args.prompt] if args.prompt is not None
+               else [line.rstrip("\n") for line in open(args.prompts) if line.strip()])
       prompts = [tokenizer.encode_ordinary(text) for text in texts]
     end_token = None if args.no_stop or tokenizer is None else tokenizer.eot_token
     vocab = run.config.model.vocab_size
@@ -95,8 +114,8 @@ def main(argv=None):
                         on_token=TokenPrinter(stream, sys.stdout) if len(prompts) == 1 else None)
     return prompts, result, decode, tokenizer, stream
 
-  # OSError: an unreadable --prompts file; ValueError: a --token-ids entry that is no integer.
-  outcome = cli.exit_status(generate_text, OSError, ValueError)
+  # OSError, UnicodeDecodeError: a --prompts file that cannot be read as text
+  outcome = cli.exit_status(generate_text, OSError, UnicodeDecodeError)
   if outcome == cli.USAGE_ERROR:
     return outcome
   prompts, result, decode, tokenizer, stream = outcome

@@ -20,7 +20,8 @@ from lpcjax.errors import UserError
 from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
 from lpcjax.sharding import make_mesh, rules_from_config
 
-from .checkpoint import Checkpointer, TreeMismatchError, has_checkpoint, latest_checkpoint_step, tree_mismatch
+from .checkpoint import (Checkpointer, IncompleteCheckpointError, TreeMismatchError, has_checkpoint,
+                         latest_checkpoint_step, tree_mismatch)
 from .steps import make_optimizer, state_shardings, variable_shardings
 
 
@@ -90,7 +91,7 @@ def restore_checked(checkpointer, run_dir, *args, variables_only=False, **kwargs
   restore = checkpointer.restore_variables if variables_only else checkpointer.restore
   try:
     return restore(*args, **kwargs)
-  except TreeMismatchError as error:
+  except (TreeMismatchError, IncompleteCheckpointError) as error:
     raise RunError(f"{run_dir}: {error}") from None
   except ValueError as error:
     mismatch = tree_mismatch(error)

@@ -4,8 +4,10 @@
   python -m lpcjax.generate --run runs/fox --prompts prompts.txt --temperature 0.8 --top-p 0.95 --seed 1
   python -m lpcjax.generate --run runs/mqar --token-ids 5,17,3            # runs without a tokenizer
 
-One prompt per line in --prompts FILE (a batch, right-padded). Tokens are printed as they are
-drawn for a single prompt; a batch prints each row when done. The tokenizer is the run's GPT-2
+One prompt per line in --prompts FILE (a batch, right-padded). A single prompt is printed, then
+its continuation token by token as it is drawn (--no-echo: the continuation only); a batch
+prints each row when done, prompt|continuation. The last line, on stderr, gives the new tokens
+per second (prefill and compilation included). The tokenizer is the run's GPT-2
 tokenizer: --tokenizer-file, else the rank file the run recorded (``data.tokenizer_file``), else
 $LPCJAX_TIKTOKEN_FILE, else tiktoken's download; generation stops at <|endoftext|> unless --no-stop.
 """
@@ -13,6 +15,7 @@ $LPCJAX_TIKTOKEN_FILE, else tiktoken's download; generation stops at <|endoftext
 import argparse
 import codecs
 import sys
+import time
 
 from lpcjax import cli
 
@@ -34,6 +37,17 @@ class TextStream:
 
   def flush(self):
     return self.utf8.decode(b"", final=True)
+
+
+class Echoed:
+  """A stream that writes ``prompt_text`` before the text of the first generated token."""
+
+  def __init__(self, stream, prompt_text):
+    self.stream, self.prompt_text = stream, prompt_text
+
+  def __call__(self, ids):
+    text, self.prompt_text = self.prompt_text + self.stream(ids), ""
+    return text
 
 
 def parse_token_ids(text):
@@ -64,6 +78,7 @@ def parse_args(argv):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   parser.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
+  parser.add_argument("--no-echo", action="store_true", help="print the continuation only, not the prompt")
   parser.add_argument("--tokenizer-file", default=None,
                       help="tiktoken rank file of the GPT-2 tokenizer, instead of the run's "
                            "recorded one")
@@ -108,22 +123,28 @@ def main(argv=None):
       decode = lambda ids: "".join(f"{t} " for t in ids)
 
     stream = TextStream(tokenizer) if tokenizer else decode
+    # echoed with the first token, so that a request generate refuses prints nothing
+    printer = TokenPrinter(stream if args.no_echo else Echoed(stream, decode(prompts[0])), sys.stdout)
+    clock = time.perf_counter()
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
                         max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
-                        on_token=TokenPrinter(stream, sys.stdout) if len(prompts) == 1 else None)
-    return prompts, result, decode, tokenizer, stream
+                        on_token=printer if len(prompts) == 1 else None)
+    return prompts, result, decode, tokenizer, stream, time.perf_counter() - clock
 
   # OSError, UnicodeDecodeError: a --prompts file that cannot be read as text
   outcome = cli.exit_status(generate_text, OSError, UnicodeDecodeError)
   if outcome == cli.USAGE_ERROR:
     return outcome
-  prompts, result, decode, tokenizer, stream = outcome
+  prompts, result, decode, tokenizer, stream, seconds = outcome
   if len(prompts) == 1:
     print(stream.flush() if tokenizer else "")
   else:
     for prompt, tokens in zip(prompts, result.tokens):
       print(f"{decode(prompt)}\u2502{decode(tokens)}")
+  new_tokens = sum(map(len, result.tokens))
+  print(f"{new_tokens} new tokens in {seconds:.2f} s: {new_tokens / seconds:.1f} tokens/s (prefill and "
+        "compilation included)", file=sys.stderr)
   return 0
 
 

@@ -44,8 +44,9 @@ def test_a_token_file_run_finds_its_tokenizer_offline(gpt2_rank_file, tmp_path, 
   assert saved["tokenizer_file"] == str(rank_file)  # recorded from the token file's metadata
   out = ["--out", str(tmp_path / "eval"), "--max-sequences", "1", "--eval-len", "32"]
   assert evaluate(["--run", str(run), *out]) == 0
-  assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2"]) == 0
   capsys.readouterr()
+  assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2"]) == 0
+  assert capsys.readouterr().out.startswith("He said")  # the prompt, echoed before its continuation
   assert generate(["--run", str(run), "--prompt", ""]) == 2  # an empty prompt, not an absent one
   assert capsys.readouterr().err.strip() == "error: generate: every prompt needs at least one token"
 

@@ -3,6 +3,8 @@
 lengths with segment ids); greedy = repeated argmax; seeded sampling; top-k/top-p sets; one
 compilation of the decode loop; early stop; sharded caches; one-line errors; the CLI."""
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -137,8 +139,13 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   run_dir, _ = train(config, progress=False)
   capsys.readouterr()
   assert main(["--run", str(run_dir), "--token-ids", "1,2,3", "--max-new-tokens", "4"]) == 0
-  printed = capsys.readouterr().out.split()  # MQAR runs have no tokenizer: ids are printed
-  assert len(printed) == 4 and all(0 <= int(t) < config.model.vocab_size for t in printed)
+  out, err = capsys.readouterr()
+  printed = out.split()  # MQAR runs have no tokenizer: ids are printed, the prompt's first
+  assert printed[:3] == ["1", "2", "3"] and len(printed) == 7
+  assert all(0 <= int(t) < config.model.vocab_size for t in printed)
+  assert re.fullmatch(r"4 new tokens in [\d.]+ s: [\d.]+ tokens/s \(prefill and compilation included\)", err.strip())
+  assert main(["--run", str(run_dir), "--token-ids", "1,2,3", "--max-new-tokens", "4", "--no-echo"]) == 0
+  assert capsys.readouterr().out.split() == printed[3:]  # greedy: the same continuation, alone
   assert main(["--run", str(run_dir), "--token-ids", "1,2,999999"]) == 2
   err = capsys.readouterr().err.strip()
   assert "prompt token ids must be in" in err and len(err.splitlines()) == 1

@@ -169,6 +169,9 @@ def test_a_stopped_run_prints_the_command_that_resumes_it(tmp_path, monkeypatch,
   command = err.strip().splitlines()[-1].split("continue with: ")[1]
   assert command.endswith(f"train.run_name={run_dir.name} --resume")
   assert f"resume   {command}" in out.splitlines()  # printed before the first step too
+  assert cli("train")([*arguments, "--resume"]) == 2  # a bare --resume: which run?
+  assert capsys.readouterr().err.strip() == ("error: train.run_name: --resume needs the name of the run to continue: "
+                                             f"train.run_name=NAME (runs in {tmp_path}: {run_dir.name})")
   assert "config   fox_tiny_mqar: fox (llama), " in out and "mesh data 8 x fsdp 1 x context 1 x tensor 1" in out
   summary = json.load(open(run_dir / "summary.json"))
   summary["train_seconds"] = 1000.0  # as if the first part had trained for long

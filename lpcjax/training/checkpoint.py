@@ -171,8 +171,11 @@ class Checkpointer:
     folder = epath.Path(self.manager.directory) / str(step)
     for name in names:
       if not (folder / name).is_dir():
+        # a converted checkpoint (lpcjax.convert) is whole without a data position
+        converted = ("a run converted by lpcjax.convert has none and cannot be resumed (start a new run from "
+                     "its weights with train.init_from=RUN_DIR); " if name == "data" else "")
         raise IncompleteCheckpointError(
-            f"checkpoint step {step} is incomplete: {folder} has no {name!r} item (a partial copy?); "
+            f"checkpoint step {step} is incomplete: {folder} has no {name!r} item; {converted}a partial copy: "
             "copy the whole step folder again")
 
   def _check_tree(self, step, wanted):

@@ -181,16 +181,18 @@ def start_block(config, num_params, mesh, run_dir, start, resume_command=None):
   kinds = ", ".join(sorted({device.device_kind for device in devices}))
   processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
   # the kind's sources (files, token file prefix): what a field naming files or tokens holds
-  sources = [f"{f.name}={','.join(map(str, value)) if isinstance(value, tuple) else value}"
-             for f in dataclasses.fields(data) if ("file" in f.name or "tokens" in f.name)
+  listed = lambda value: (",".join(map(str, value[:3])) + (f" (+{len(value) - 3} more)" if len(value) > 3 else "")
+                          if isinstance(value, tuple) else value)
+  sources = [f"{f.name}={listed(value)}" for f in dataclasses.fields(data) if ("file" in f.name or "tokens" in f.name)
              and (value := getattr(data, f.name)) and not isinstance(value, bool)]
+  length = f" x {data.seq_len}" if data.seq_len else " (length from the data)"
   name = os.path.basename(os.path.normpath(run_dir))
   resume = resume_command(name) if resume_command else f"train(config, resume=True) with train.run_name={name!r}"
   return [
       f"config   {config.name}: {model.family}{describe}, {num_params:,} parameters",
       f"devices  {len(devices)} x {kinds}{processes}; mesh "
       + " x ".join(f"{axis} {size}" for axis, size in mesh.shape.items()),
-      f"data     {data.kind}, batch {data.batch_size} x {data.seq_len}" + "".join(f"; {s}" for s in sources),
+      f"data     {data.kind}, batch {data.batch_size}{length}" + "".join(f"; {s}" for s in sources),
       f"schedule {cfg.steps} steps, learning rate {cfg.learning_rate:g} (warm-up {cfg.warmup_steps}, cosine to "
       f"{cfg.min_learning_rate:g})" + (f"; resuming at step {start}" if start else ""),
       f"run      {run_dir}",

@@ -193,6 +193,17 @@ def test_a_stopped_run_prints_the_command_that_resumes_it(tmp_path, monkeypatch,
     assert row["mfu"] == pytest.approx(flops_per_token * row["tokens_per_sec"] / (8 * 2e12))
 
 
+def test_the_start_block_names_the_data_and_the_resume_command():
+  from lpcjax.sharding import make_mesh
+  from lpcjax.training.loop import start_block
+  text = C.apply_overrides(C.load_experiment(str(REPO / "configs" / "fox_tiny_text.py")),
+                           ["data.train_files=a.txt,b.txt,c.txt,d.txt,e.txt"])
+  lines = start_block(text, 1234, make_mesh(text.train, one_device()), "runs/x", 5, lambda name: f"resume {name}")
+  assert lines[0] == "config   fox_tiny_text: fox (llama), 1,234 parameters"
+  assert lines[2] == "data     text, batch 4 x 256; train_files=a.txt,b.txt,c.txt (+2 more)"
+  assert lines[3].endswith("; resuming at step 5") and lines[-1] == "resume   resume x"
+
+
 def test_a_family_that_cannot_split_its_sequence_is_named_before_the_mesh(tmp_path):
   """One device and mesh_context=2 on LPC-SM: the error names the family (the mesh's own error
   blamed train.mesh_data)."""

@@ -6,6 +6,7 @@
   python train.py --config ... train.run_name=NAME --resume     # continue NAME's latest checkpoint
   python train.py --config ... train.init_from=runs/A[:STEP]   # a new run from run A's weights
   python train.py --config fox_tiny_text --tokenizer-file gpt2.tiktoken data.train_files=book.txt
+  python train.py --list-configs                    # the experiment files in configs/
 
 Any config field can be overridden as section.field=value (see lpcjax/config.py). The GPT-2
 tokenizer comes from --tokenizer-file (= data.tokenizer_file), else $LPCJAX_TIKTOKEN_FILE, else
@@ -16,13 +17,15 @@ jax.distributed's environment) and start the same command on every host.
 
 Exit status: 0 when the run reached train.steps (or already had: nothing to train); 2 for bad
 input (one line on stderr, nothing written); 130 when SIGINT/SIGTERM stopped it before
-train.steps (a checkpoint of the last step is kept; continue with --resume).
+train.steps (a checkpoint of the last step is kept; the last line prints the command that
+continues it: the same arguments with train.run_name=NAME --resume).
 """
 
 import argparse
 import dataclasses
 import json
 import os
+import shlex
 import sys
 
 from lpcjax import cli, interrupts  # standard library only: JAX is imported later, inside main
@@ -32,13 +35,27 @@ EXIT_STOPPED = 130  # stopped by SIGINT/SIGTERM before train.steps (also: before
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
-def _train(args):
+def resume_command(argv, run_name):
+  """The command that continues run ``run_name``: this call's arguments ``argv`` without its
+  resume flag and run name, then ``train.run_name=NAME --resume`` (a run named by its start
+  time can only be resumed by that name)."""
+  kept = [arg for arg in argv if arg not in ("--resume", "--resume-or-start") and not arg.startswith("train.run_name=")]
+  script = os.path.relpath(__file__)
+  script = os.path.abspath(__file__) if script.startswith("..") else script
+  return shlex.join(["python", script, *kept, f"train.run_name={run_name}", "--resume"])
+
+
+def _train(args, argv):
   """(run_dir, summary), or (None, None) after --print-config."""
   if os.environ.get("LPCJAX_DISTRIBUTED") == "1":
     import jax
     jax.distributed.initialize()  # coordinator, process count and id from the environment
 
   from lpcjax import experiment
+  if args.list_configs:
+    for name, description in experiment.config_names(CONFIG_DIR).items():
+      print(f"{name:<16} {description}")
+    return None, None
   from lpcjax.data import with_tokenizer
   from lpcjax.training import train
 
@@ -50,7 +67,7 @@ def _train(args):
   if args.print_config:
     print(experiment.to_json(config))
     return None, None
-  return train(config, resume=args.resume)
+  return train(config, resume=args.resume, resume_command=lambda run_name: resume_command(argv, run_name))
 
 
 def main(argv=None):
@@ -63,6 +80,7 @@ def _main(argv):
   parser.add_argument("--config", default=DEFAULT_CONFIG,
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
   parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+  parser.add_argument("--list-configs", action="store_true", help="list the experiment files in configs/ and exit")
   parser.add_argument("--tokenizer-file", default=None,
                       help="tiktoken rank file of the GPT-2 tokenizer (offline use); "
                            "= data.tokenizer_file")
@@ -72,10 +90,11 @@ def _main(argv):
   resume.add_argument("--resume-or-start", dest="resume", action="store_const", const="or_start",
                       help="continue the run's latest checkpoint, or start the run if it has none")
   parser.add_argument("overrides", nargs="*", help="section.field=value")
+  argv = sys.argv[1:] if argv is None else list(argv)
   args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
 
   try:
-    outcome = cli.exit_status(lambda: _train(args))
+    outcome = cli.exit_status(lambda: _train(args, argv))
   except KeyboardInterrupt:  # only before the trainer starts: from then on a stop is graceful
     print("error: interrupted before training started; nothing was written", file=sys.stderr)
     return EXIT_STOPPED
@@ -98,7 +117,7 @@ def _main(argv):
   print(f"run directory: {run_dir}")
   if summary["preempted"]:
     print(f"stopped by a signal at step {summary['step']}, before train.steps: checkpoint saved; "
-          "continue with --resume", file=sys.stderr)
+          f"continue with: {resume_command(argv, os.path.basename(run_dir))}", file=sys.stderr)
     return EXIT_STOPPED
   return 0
 

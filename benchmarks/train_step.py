@@ -10,9 +10,11 @@ alone (above: FoX with full attention, where the LPC-SM config has a window).
 
 Each candidate (a family, on the same config otherwise) is compiled, warmed up, then timed
 over --steps steps; the candidates are interleaved round by round so that load changes on a
-shared machine hit them alike. Model FLOPs per token: 6 * (non-embedding params) plus causal
-attention 6 * layers * seq_len * d_attn (= 12 * L * T * d / 2). MFU needs the device's peak:
-known for H100/H200 (989 TFLOP/s dense bf16), else give --peak-tflops.
+shared machine hit them alike. Model FLOPs per token: the family's estimate
+(``lpcjax.models.language_model.decoder_flops_per_token``: 6 * non-embedding params plus causal
+attention 12 * layers * d_attn * the mean keys per query), the figure train.py's ``mfu`` uses.
+MFU needs the device's peak: known for H100/H200 (989 TFLOP/s dense bf16) and A100
+(``lpcjax.training.throughput.PEAK_TFLOPS``), else give --peak-tflops.
 """
 
 import argparse
@@ -29,18 +31,9 @@ from lpcjax import experiment as config_lib
 from lpcjax import models
 from lpcjax.files import write_json_atomic
 from lpcjax.training import create_train_state, train_step
+from lpcjax.training.throughput import peak_flops
 
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-
-
-def model_flops_per_token(config, params):
-  embedding = sum(int(np.prod(x.shape)) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
-                  if any(getattr(p, "key", None) in ("embed",) for p in path))
-  dense = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)) - embedding
-  cfg = config.model
-  attention = 6 * cfg.num_layers * config.data.seq_len * cfg.num_heads * cfg.resolved_head_dim
-  return 6 * dense + attention
 
 
 def main():
@@ -61,7 +54,8 @@ def main():
            "targets": jnp.asarray(rng.integers(0, base.model.vocab_size, (cfg.batch_size, cfg.seq_len))),
            "loss_mask": jnp.ones((cfg.batch_size, cfg.seq_len), jnp.float32)}
   device = jax.devices()[0].device_kind
-  peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
+  peak = peak_flops(jax.devices()[:1], args.peak_tflops)
+  peak = peak / 1e12 if peak else None  # TFLOP/s of the one device the steps run on
 
   candidates = {}
   for spec in args.families:
@@ -73,7 +67,8 @@ def main():
     state, metrics = step(state, batch)  # compile
     jax.block_until_ready(metrics)
     candidates[spec] = {"config": config, "state": state, "step": step, "times": [],
-                          "flops_per_token": model_flops_per_token(config, state.params)}
+                          "flops_per_token": (models.get(family).flops_per_unit or (lambda *_: None))(
+                              config, state.params)}
   for _ in range(args.rounds):
     for entry in candidates.values():
       start = time.perf_counter()
@@ -89,12 +84,12 @@ def main():
   print(f"{'family':>12} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>9} {'MFU':>6}")
   for family, entry in candidates.items():
     step_s = statistics.median(entry["times"])
-    tflops = entry["flops_per_token"] * tokens / step_s / 1e12
+    tflops = (entry["flops_per_token"] or float("nan")) * tokens / step_s / 1e12
     row = {"family": family, "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(entry["state"].params))),
            "step_ms": step_s * 1e3, "tokens_per_sec": tokens / step_s,
-           "model_tflops": tflops, "mfu": tflops / peak if peak else None}
+           "model_tflops": tflops, "mfu": tflops / peak if peak and entry["flops_per_token"] else None}
     rows.append(row)
-    mfu = f"{row['mfu']:.1%}" if peak else "n/a"
+    mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
     print(f"{family:>12} {row['step_ms']:>9.1f} {row['tokens_per_sec']:>10.0f} {tflops:>9.3f} {mfu:>6}")
   if len(rows) > 1:
     ratio = rows[0]["step_ms"] / rows[1]["step_ms"]

@@ -9,6 +9,7 @@ the registries, loads experiment files and round-trips JSON is one floor up, in
 """
 
 import dataclasses
+import difflib
 import types
 import typing
 from typing import ClassVar, Optional
@@ -16,13 +17,20 @@ from typing import ClassVar, Optional
 from lpcjax.errors import ConfigError
 
 __all__ = ["ConfigError", "DataConfig", "ParameterGroup", "TrainConfig", "check_parameter_group",
-           "check_scale_rules", "field_types", "parse_value", "replace_fields", "require", "require_choice",
-           "switch_class"]
+           "check_scale_rules", "did_you_mean", "field_types", "parse_value", "replace_fields", "require",
+           "require_choice", "switch_class"]
 
 
 def require(condition, field, message):
   if not condition:
     raise ConfigError(f"{field}: {message}")
+
+
+def did_you_mean(name, known, prefix="", suffix="", n=1):
+  """' (did you mean PREFIX+CLOSEST+SUFFIX?)' for a mistyped ``name`` (the ``n`` closest of
+  ``known``, by difflib), or '' when nothing is close."""
+  close = difflib.get_close_matches(name, list(known), n=n)
+  return f" (did you mean {' or '.join(prefix + c + suffix for c in close)}?)" if close else ""
 
 
 def require_choice(value, field, choices):
@@ -98,6 +106,8 @@ class TrainConfig:
   max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
   grad_accum_steps: int = 1  # micro-batches per step (data.batch_size is the whole step)
   tensorboard: bool = False  # also write TensorBoard event files (needs the [tensorboard] extra)
+  # Peak TFLOP/s of one device, for the logged MFU; None: known accelerators only (H100, H200, A100)
+  peak_tflops: Optional[float] = None
   # Device mesh ("data", "fsdp", "context", "tensor"); -1 takes all devices left over by the
   # others. mesh_context > 1 shards the sequence (context parallelism; docs/training.md).
   mesh_data: int = -1
@@ -123,6 +133,7 @@ class TrainConfig:
     require(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
     require(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
     require(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
+    require(self.peak_tflops is None or self.peak_tflops > 0, "train.peak_tflops", "must be > 0 (or none)")
     mesh = [self.mesh_data, self.mesh_fsdp, self.mesh_context, self.mesh_tensor]
     for name, value in zip(("mesh_data", "mesh_fsdp", "mesh_context", "mesh_tensor"), mesh):
       require(value == -1 or value >= 1, f"train.{name}", f"must be >= 1 or -1 (all remaining), got {value}")
@@ -193,11 +204,10 @@ def parse_value(text, annotation, field):
     return parse_value(text, inner, field)
   if origin is tuple:
     return tuple(parse_value(part, args[0], field) for part in text.split(",") if part)
-  if annotation is bool:
+  if annotation is bool:  # one spelling, the one config.json and --print-config show
     lowered = text.lower()
-    require(lowered in ("true", "false", "1", "0", "yes", "no"), field,
-            f"expected a boolean, got {text!r}")
-    return lowered in ("true", "1", "yes")
+    require(lowered in ("true", "false"), field, f"expected a boolean (true or false), got {text!r}")
+    return lowered == "true"
   if annotation in (int, float):
     try:
       return annotation(text)
@@ -227,7 +237,8 @@ def replace_fields(obj, values, prefix):
   for key, text in values.items():
     field = f"{prefix}.{key}"
     if key not in types_:
-      raise ConfigError(f"{field}: unknown key for {_selector(obj, prefix)}; known keys are {sorted(types_)}")
+      raise ConfigError(f"{field}: unknown key for {_selector(obj, prefix)}{did_you_mean(key, types_, prefix + '.')}; "
+                        f"known keys are {sorted(types_)}")
     parsed[key] = parse_value(text, types_[key], field) if isinstance(text, str) else text
   return dataclasses.replace(obj, **parsed)
 

@@ -10,6 +10,7 @@ start with a ``ConfigError`` that names the field. ``to_dict``/``from_dict`` rou
 config.json.
 """
 
+import ast
 import dataclasses
 import importlib.util
 import json
@@ -18,14 +19,14 @@ import sys
 import typing
 
 from lpcjax import data, models
-from lpcjax.config import (ConfigError, DataConfig, TrainConfig, field_types, parse_value, replace_fields, require,
-                           switch_class)
+from lpcjax.config import (ConfigError, DataConfig, TrainConfig, did_you_mean, field_types, parse_value,
+                           replace_fields, require, switch_class)
 from lpcjax.data.mqar import MQARDataConfig
 
 # ConfigError, DataConfig and TrainConfig live in the schema (lpcjax.config); re-exported so an
 # experiment file needs one import.
-__all__ = ["ConfigError", "DataConfig", "ExperimentConfig", "TrainConfig", "apply_overrides", "from_dict",
-           "load_experiment", "switch_family", "switch_kind", "to_dict", "to_json", "train_for"]
+__all__ = ["ConfigError", "DataConfig", "ExperimentConfig", "TrainConfig", "apply_overrides", "config_names",
+           "from_dict", "load_experiment", "switch_family", "switch_kind", "to_dict", "to_json", "train_for"]
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
@@ -89,7 +90,8 @@ def apply_overrides(config, overrides):
     elif key == "name":
       top["name"] = value
     else:
-      raise ConfigError(f"{key}: unknown key; use model.*, data.*, train.* or name")
+      guess = did_you_mean(section, sections, suffix=f".{field}") if field else did_you_mean(key, ["name"])
+      raise ConfigError(f"{key}: unknown key{guess}; use model.*, data.*, train.* or name")
   model, data = config.model, config.data
   family = sections["model"].pop("family", None)
   if family is not None:
@@ -124,6 +126,24 @@ def _fit_warmup(train, values):
 # ----------------------------------------------------------------------------- files and JSON
 
 
+def config_names(search_dir="configs"):
+  """{name: the first paragraph of its docstring} of the experiment files in ``search_dir``."""
+  names = {}
+  for file in sorted(os.listdir(search_dir)) if os.path.isdir(search_dir) else []:
+    if file.endswith(".py") and not file.startswith("_"):
+      with open(os.path.join(search_dir, file)) as f:
+        names[file[:-3]] = _first_docstring_line(f.read())
+  return names
+
+
+def _first_docstring_line(source):
+  try:
+    doc = ast.get_docstring(ast.parse(source)) or ""
+  except SyntaxError:
+    doc = ""
+  return " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
+
+
 def load_experiment(path_or_name, search_dir="configs"):
   """Load ``get_config()`` from a Python file, or from ``configs/<name>.py``.
 
@@ -134,7 +154,10 @@ def load_experiment(path_or_name, search_dir="configs"):
   if not os.path.exists(path):
     candidate = os.path.join(search_dir, f"{path_or_name}.py")
     if not os.path.exists(candidate):
-      raise ConfigError(f"config {path_or_name!r}: no such file (also looked for {candidate})")
+      names = config_names(search_dir)
+      raise ConfigError(f"config {path_or_name!r}: no such file, nor {candidate}"
+                        f"{did_you_mean(path_or_name, names, n=3)}; configs: {', '.join(names)} (--list-configs "
+                        "describes them)")
     path = candidate
   spec = importlib.util.spec_from_file_location(f"lpcjax_experiment_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(spec)

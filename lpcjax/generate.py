@@ -4,8 +4,10 @@
   python -m lpcjax.generate --run runs/fox --prompts prompts.txt --temperature 0.8 --top-p 0.95 --seed 1
   python -m lpcjax.generate --run runs/mqar --token-ids 5,17,3            # runs without a tokenizer
 
-One prompt per line in --prompts FILE (a batch, right-padded). Tokens are printed as they are
-drawn for a single prompt; a batch prints each row when done. The tokenizer is the run's GPT-2
+One prompt per line in --prompts FILE (a batch, right-padded). A single prompt is printed, then
+its continuation token by token as it is drawn (--no-echo: the continuation only); a batch
+prints each row when done, prompt|continuation. The last line, on stderr, gives the new tokens
+per second (prefill and compilation included). The tokenizer is the run's GPT-2
 tokenizer: --tokenizer-file, else the rank file the run recorded (``data.tokenizer_file``), else
 $LPCJAX_TIKTOKEN_FILE, else tiktoken's download; generation stops at <|endoftext|> unless --no-stop.
 
@@ -17,6 +19,7 @@ tokens to draw. See docs/evaluation.md (Generation).
 import argparse
 import codecs
 import sys
+import time
 
 from lpcjax import cli
 
@@ -40,6 +43,30 @@ class TextStream:
     return self.utf8.decode(b"", final=True)
 
 
+class Echoed:
+  """A stream that writes ``prompt_text`` before the text of the first generated token."""
+
+  def __init__(self, stream, prompt_text):
+    self.stream, self.prompt_text = stream, prompt_text
+
+  def __call__(self, ids):
+    text, self.prompt_text = self.prompt_text + self.stream(ids), ""
+    return text
+
+
+def parse_token_ids(text):
+  """'5,17,3' -> [5, 17, 3]; an entry that is no integer is a one-line error naming it."""
+  from lpcjax.decoding import GenerationError
+  ids = []
+  for entry in filter(str.strip, text.split(",")):
+    try:
+      ids.append(int(entry))
+    except ValueError:
+      raise GenerationError(f"--token-ids: {entry.strip()!r} is not a token id; expected comma-separated "
+                            "integers such as 5,17,3") from None
+  return ids
+
+
 def parse_args(argv):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--run", required=True, help="a run directory (config.json + checkpoints/)")
@@ -57,6 +84,7 @@ def parse_args(argv):
   parser.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
   parser.add_argument("--stop-head", type=float, default=None, metavar="P",
                       help="lpcsm: also end a row when the stop head's p(text ends here) > P (default: off)")
+  parser.add_argument("--no-echo", action="store_true", help="print the continuation only, not the prompt")
   parser.add_argument("--tokenizer-file", default=None,
                       help="tiktoken rank file of the GPT-2 tokenizer, instead of the run's "
                            "recorded one")
@@ -77,13 +105,19 @@ def main(argv=None):
     run = load_run(args.run, step=args.step, tokenizer_file=args.tokenizer_file)
     check_decodes(run.family)
     tokenizer = None
-    if args.token_ids:
-      prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]
+    if args.token_ids is not None:
+      prompts = [parse_token_ids(args.token_ids)]
     else:
+      has_tokenizer = hasattr(run.config.data, "tokenizer_file")
+      if not (has_tokenizer or args.tokenizer_file):  # token-id data (mqar): there is no text to encode
+        raise GenerationError(f"this run has no tokenizer (data.kind={run.config.data.kind} is token ids, "
+                              "not text); give the prompt as --token-ids, e.g. --token-ids 5,17,3")
       # The run's resolved rank file (load_run applied --tokenizer-file); a kind without one
-      # (mqar) takes the flag's, else the default lookup.
-      tokenizer = load_gpt2_tokenizer(getattr(run.config.data, "tokenizer_file", args.tokenizer_file))
-      texts = [args.prompt] if args.prompt else [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
+      # (mqar) takes the flag's.
+      tokenizer = load_gpt2_tokenizer(run.config.data.tokenizer_file if has_tokenizer else args.tokenizer_file)
+      # "" is a prompt too (an error below: it has no tokens), not an absent one
+      texts = ([args.prompt] if args.prompt is not None
+               else [line.rstrip("\n") for line in open(args.prompts) if line.strip()])
       prompts = [tokenizer.encode_ordinary(text) for text in texts]
     end_token = None if args.no_stop or tokenizer is None else tokenizer.eot_token
     vocab = run.config.model.vocab_size
@@ -95,23 +129,29 @@ def main(argv=None):
       decode = lambda ids: "".join(f"{t} " for t in ids)
 
     stream = TextStream(tokenizer) if tokenizer else decode
+    # echoed with the first token, so that a request generate refuses prints nothing
+    printer = TokenPrinter(stream if args.no_echo else Echoed(stream, decode(prompts[0])), sys.stdout)
+    clock = time.perf_counter()
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
                         max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
-                        on_token=TokenPrinter(stream, sys.stdout) if len(prompts) == 1 else None,
+                        on_token=printer if len(prompts) == 1 else None,
                         stop_head=args.stop_head)
-    return prompts, result, decode, tokenizer, stream
+    return prompts, result, decode, tokenizer, stream, time.perf_counter() - clock
 
-  # OSError: an unreadable --prompts file; ValueError: a --token-ids entry that is no integer.
-  outcome = cli.exit_status(generate_text, OSError, ValueError)
+  # OSError, UnicodeDecodeError: a --prompts file that cannot be read as text
+  outcome = cli.exit_status(generate_text, OSError, UnicodeDecodeError)
   if outcome == cli.USAGE_ERROR:
     return outcome
-  prompts, result, decode, tokenizer, stream = outcome
+  prompts, result, decode, tokenizer, stream, seconds = outcome
   if len(prompts) == 1:
     print(stream.flush() if tokenizer else "")
   else:
     for prompt, tokens in zip(prompts, result.tokens):
       print(f"{decode(prompt)}\u2502{decode(tokens)}")
+  new_tokens = sum(map(len, result.tokens))
+  print(f"{new_tokens} new tokens in {seconds:.2f} s: {new_tokens / seconds:.1f} tokens/s (prefill and "
+        "compilation included)", file=sys.stderr)
   return 0
 
 

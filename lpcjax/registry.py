@@ -10,7 +10,7 @@ import importlib.util
 import os
 import sys
 
-from lpcjax.config import ConfigError
+from lpcjax.config import ConfigError, did_you_mean
 
 
 def module_source(module):
@@ -65,7 +65,8 @@ class Registry:
       import_source(source)
     if name not in self.entries:
       where = f" (the run recorded it in module {source.get('module')!r})" if source else ""
-      raise ConfigError(f"{self.field}: unknown {self.what} {name!r}{where}; known: {', '.join(self.names())}")
+      raise ConfigError(f"{self.field}: unknown {self.what} {name!r}{where}{did_you_mean(name, self.names())}; "
+                        f"known: {', '.join(self.names())}")
     return self.entries[name]
 
   def source_of(self, name):

@@ -20,14 +20,32 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# Small real data shipped with the tests (tests/fixtures/README.md), so that a fresh clone runs
+# every test CI runs: text for the tokenizer, needle and probe tests, UCR samples for the series.
+FIXTURES = REPO / "tests" / "fixtures"
+TEXT = FIXTURES / "text" / "shakespeare.txt"  # plain UTF-8, LF
+BOOK = FIXTURES / "text" / "frankenstein_letter1.txt.gz"  # as Project Gutenberg stores it: BOM, CRLF
+UCR = FIXTURES / "ucr"
 
 
 @pytest.fixture
 def shared_data():
-  """../shared/data beside the checkout; tests that need it skip in a user's fresh clone."""
+  """../shared/data beside the checkout: only the tests of the full corpora need it (they skip
+  in a user's fresh clone); everything else reads tests/fixtures."""
   if not SHARED_DATA.is_dir():
     pytest.skip("../shared/data is not present")
   return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def gpt2_rank_file(tmp_path_factory):
+  """The path of GPT-2's tiktoken rank file (MIT, OpenAI), unpacked once per session from the
+  gzipped copy in tests/fixtures: the real tokenizer, offline."""
+  import gzip
+  path = tmp_path_factory.mktemp("tokenizer") / "gpt2.tiktoken"
+  with gzip.open(FIXTURES / "gpt2.tiktoken.gz") as packed:
+    path.write_bytes(packed.read())
+  return str(path)
 
 
 @pytest.fixture
@@ -85,6 +103,21 @@ def ctrl_c_swallowed_by_the_interpreter():
       gc.enable()
 
 
+def tiny_arguments(tmp_path, *overrides, name="run"):
+  """The overrides of ``tiny_experiment`` (on configs/fox_tiny_mqar.py), as train.py takes
+  them; ``name=None``: no train.run_name (train.py names the run by its start time)."""
+  mqar = ["model.vocab_size=64", "data.mqar_vocab_size=64", "data.mqar_num_pairs=4"]
+  if any(item.startswith("data.kind=") for item in overrides):
+    mqar = []
+  # the paper's gate init, for the families that have a gate (a family override applies first)
+  gate = [] if any(item.startswith("model.family=") and item != "model.family=fox" for item in overrides) \
+      else ["model.gate_bias_init=zero"]
+  return [*mqar, "model.block=llama", *gate, "data.seq_len=32", "data.batch_size=8",
+          "model.d_model=32", "model.mlp_multiple_of=32",
+          "train.steps=30", "train.warmup_steps=5", "train.log_every=10", "train.eval_batches=2",
+          f"train.run_dir={tmp_path}", *([f"train.run_name={name}"] if name else []), *overrides]
+
+
 def tiny_experiment(tmp_path, *overrides, name="run"):
   """A seconds-long FoX-on-MQAR experiment writing under tmp_path/name. With a
   ``data.kind=...`` override the MQAR-only defaults are left out. The model is the default job's
@@ -92,17 +125,7 @@ def tiny_experiment(tmp_path, *overrides, name="run"):
   job moved to the Pro block; a test that needs Pro says so)."""
   from lpcjax import experiment as C
   cfg = C.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py"))
-  mqar = ["model.vocab_size=64", "data.mqar_vocab_size=64", "data.mqar_num_pairs=4"]
-  if any(item.startswith("data.kind=") for item in overrides):
-    mqar = []
-  # the paper's gate init, for the families that have a gate (a family override applies first)
-  gate = [] if any(item.startswith("model.family=") and item != "model.family=fox" for item in overrides) \
-      else ["model.gate_bias_init=zero"]
-  return C.apply_overrides(cfg, [
-      *mqar, "model.block=llama", *gate, "data.seq_len=32", "data.batch_size=8",
-      "model.d_model=32", "model.mlp_multiple_of=32",
-      "train.steps=30", "train.warmup_steps=5", "train.log_every=10", "train.eval_batches=2",
-      f"train.run_dir={tmp_path}", f"train.run_name={name}", *overrides])
+  return C.apply_overrides(cfg, tiny_arguments(tmp_path, *overrides, name=name))
 
 
 def write_token_file(prefix, num_tokens, seed=0, tokenizer_sha256=None):

@@ -6,7 +6,7 @@ import pytest
 from lpcjax import experiment as C
 from lpcjax.models import FoXConfig, TransformerConfig
 
-from conftest import REPO
+from conftest import REPO, cli
 
 
 def base():
@@ -27,6 +27,8 @@ def test_overrides_parse_by_field_type():
     ("optim.lr=3", "optim.lr: unknown key"),
     ("model.d_model=wide", "model.d_model: expected int"),
     ("model.use_rope=maybe", "model.use_rope: expected a boolean"),
+    ("model.use_rope=yes", r"model.use_rope: expected a boolean \(true or false\), got 'yes'"),  # was taken as true
+    ("modle.d_model=3", r"modle.d_model: unknown key \(did you mean model.d_model\?\)"),
     ("model.num_heads=5", "model.num_heads: d_model=64 is not divisible"),
     ("model.block=moe", "model.block: must be one of"),
     ("model.forget_gate=sometimes", "model.forget_gate: must be one of"),
@@ -37,12 +39,25 @@ def test_overrides_parse_by_field_type():
     ("model.family=mamba", "model.family: unknown model family 'mamba'"),
     ("data.kind=ucr", "data.kind: unknown kind 'ucr'"),
     ("data.train_files=a.txt", "data.train_files: unknown key for data.kind='mqar'"),
-    ("train.mesh_contxt=4", r"train.mesh_contxt: unknown key for train; known keys are \[.*'mesh_context'"),
+    ("train.mesh_contxt=4", r"train.mesh_contxt: unknown key for train \(did you mean train.mesh_context\?\); "
+                            r"known keys are \[.*'mesh_context'"),
+    ("model.family=foxx", r"model.family: unknown model family 'foxx' \(did you mean fox\?\)"),
     ("just_a_word", "expected section.field=value"),
 ])
 def test_bad_overrides_name_the_field(override, field):
   with pytest.raises(C.ConfigError, match=field):
     C.apply_overrides(base(), [override])
+
+
+def test_a_mistyped_config_name_lists_the_configs(capsys):
+  configs = sorted(path.stem for path in (REPO / "configs").glob("*.py"))
+  with pytest.raises(C.ConfigError, match=r"config 'fox_tiny': no such file, nor .* \(did you mean fox_tiny_text or "
+                                          rf"fox_tiny_mqar\?\); configs: {', '.join(configs)} \(--list-configs"):
+    C.load_experiment("fox_tiny", str(REPO / "configs"))
+  assert cli("train")(["--list-configs"]) == 0
+  listed = capsys.readouterr().out.splitlines()
+  assert [line.split()[0] for line in listed] == configs
+  assert "paper:<family>[_pro]_<size>" in listed[configs.index("paper")]  # each with its docstring's summary
 
 
 def test_switching_family_keeps_shared_fields():

@@ -50,6 +50,26 @@ def _text_tokens(files, data_config, tokenizer, what):
   return tokens
 
 
+def _probe_tokenizer(data_config, options, vocab_size):
+  """The GPT-2 tokenizer of the text probes (--needle, --delayed-id): the run's (with eval.py's
+  --tokenizer-file applied), or for a data kind without one (mqar) the --tokenizer-file given;
+  a model whose vocabulary cannot hold GPT-2's ids is refused (they would index past its
+  embedding, and the probe score nothing)."""
+  given = getattr(options, "tokenizer_file", None)  # eval.py's flag; absent from evaluator_options
+  if hasattr(data_config, "tokenizer_file"):
+    rank_file = data_config.tokenizer_file
+  elif given:
+    rank_file = given
+  else:
+    raise DataError(f"--needle/--delayed-id: this run has no tokenizer (data.kind={data_config.kind} is token "
+                    "ids, not text); the probes need a GPT-2 text model (or pass --tokenizer-file FILE)")
+  tokenizer = load_gpt2_tokenizer(rank_file)
+  if tokenizer.n_vocab > vocab_size:
+    raise DataError(f"--needle/--delayed-id: the model has {vocab_size} tokens, fewer than the GPT-2 "
+                    f"tokenizer's {tokenizer.n_vocab}: its ids would be out of range")
+  return tokenizer
+
+
 def _token_losses(model, params, sequence_logits):
   """(inputs, targets) [batch, T] -> per-position cross-entropy [batch, T] as numpy."""
   losses = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(sequence_logits(model, p, x), y))
@@ -151,7 +171,7 @@ class LanguageModelEvaluator:
                     family=config.model.family, data_kind=data_config.kind)
       tokenizer = None
       if options.needle or options.delayed_id:
-        tokenizer = load_gpt2_tokenizer(getattr(data_config, "tokenizer_file", None))
+        tokenizer = _probe_tokenizer(data_config, options, config.model.vocab_size)
         hay = _text_tokens(options.haystack or data, data_config, tokenizer, "--needle/--delayed-id")
       if options.delayed_id:
         token_losses = _token_losses(run.model, run.params, self.sequence_logits)

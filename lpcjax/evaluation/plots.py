@@ -22,14 +22,18 @@ def windowed_mean(curve, counts, window):
   return np.arange(window, len(counts) + 1) - (window - 1) / 2, means  # positions (1-based) at window centres
 
 
-def finish_plot(fig, ax, path, xlabel, ylabel):
-  """Labels, grid, legend, then save the figure at ``path`` and close it."""
+def finish_plot(fig, ax, path, xlabel, ylabel, legend_outside=False):
+  """Labels, grid, legend (``legend_outside``: right of the axes, where it covers nothing),
+  then save the figure at ``path`` and close it."""
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
-  ax.legend()
+  if legend_outside:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+  else:
+    ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches="tight" if legend_outside else None)
   plt.close(fig)
 
 

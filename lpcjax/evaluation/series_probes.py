@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
@@ -174,9 +175,9 @@ def _nothing_to_plot(fig, path):
     os.remove(path)
 
 
-def _save(fig, ax, path, title, xlabel, ylabel):
+def _save(fig, ax, path, title, xlabel, ylabel, legend_outside=False):
   ax.set_title(title)
-  finish_plot(fig, ax, path, xlabel, ylabel)
+  finish_plot(fig, ax, path, xlabel, ylabel, legend_outside=legend_outside)
   return path
 
 
@@ -185,15 +186,17 @@ def plot_cue_auc(curves, path, gap_label="gap ratio (cue end to series end, frac
   ``gap_label`` names), one line per model. Returns path, or None (writing nothing) when no
   curve has a finite point."""
   fig, ax = plt.subplots(figsize=(6, 4))
-  drawn = False
+  drawn, whole = False, True
   for label, curve in (curves or {}).items():
     points = sorted((float(g), float(m), float(s)) for g, (m, s) in curve.items() if np.isfinite(m))
     if points:
       gaps, means, stds = zip(*points)
       ax.errorbar(gaps, means, yerr=np.nan_to_num(stds), fmt="o-", capsize=3, label=label)
-      drawn = True
+      drawn, whole = True, whole and all(g == int(g) for g in gaps)
   if not drawn:
     return _nothing_to_plot(fig, path)
+  if whole:  # gaps counted in whole windows (or strides): no ticks between them
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.axhline(0.5, color="gray", linestyle=":", label="chance")
   ax.set_ylim(0.4, 1.02)
   return _save(fig, ax, path, "Cue retention (EOS probe)", gap_label, "ROC-AUC (mean ± std over seeds)")
@@ -215,4 +218,5 @@ def plot_probe_accuracy(results, path):
            yerr=[cells[f]["accuracy_std"] for f in fractions if f in cells], capsize=3, label=label)
   ax.set_xticks(range(len(fractions)), [f"{float(f) * 100:g}%" for f in fractions])
   ax.set_ylim(0, 1.05)
-  return _save(fig, ax, path, "Linear probe", "fraction of training labels", "test accuracy (mean ± std over seeds)")
+  return _save(fig, ax, path, "Linear probe", "fraction of training labels", "test accuracy (mean ± std over seeds)",
+               legend_outside=True)  # inside, it covered the bars near accuracy 1

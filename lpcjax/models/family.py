@@ -33,7 +33,9 @@ class Family:
   * ``mutable``: variable collections the model updates in training (e.g. ``("batch_stats",)``);
     they live in the TrainState and are sharded, checkpointed and restored like the params.
   * ``rng_streams``: the rng names the model draws from at init (e.g. ``("dropout",)``).
-  * ``throughput_unit`` and ``units_per_example(config)``: what the progress bar counts.
+  * ``throughput_unit`` and ``units_per_example(config)``: what the progress bar counts;
+    ``flops_per_unit(config, params)``: the model's training FLOPs per such unit, from which
+    the trainer logs MFU (None: not logged).
   * ``init_cache(config, batch, max_len)``: for families that decode token by token
     (``lpcjax.decoding``), an empty cache that ``module.apply(params, tokens, segment_ids,
     cache)`` prefills and then extends one token at a time; None: no cached decoding, and
@@ -65,6 +67,7 @@ class Family:
   rng_streams: tuple = ()
   throughput_unit: str = "examples"
   units_per_example: Callable = lambda config: 1
+  flops_per_unit: Optional[Callable] = None
   init_cache: Optional[Callable] = None
   prefill: Optional[Callable] = None
   no_decoding_reason: str = "its family registers no decoding cache"

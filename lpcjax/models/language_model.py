@@ -2,7 +2,9 @@
 and the per-token evaluator. ``language_model_family(name, config_cls, module_cls, **fields)``
 is a ``Family`` with these defaults; any field can be given to replace one."""
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lpcjax.config import require
 from lpcjax.data import TASK_KINDS
@@ -44,9 +46,28 @@ def language_model_evaluator(sequence_logits=None):
   return lambda: LanguageModelEvaluator(sequence_logits=sequence_logits)
 
 
+def decoder_flops_per_token(config, params):
+  """Training FLOPs per token of a decoder, the usual estimate (as in PaLM's MFU): 6 x the
+  non-embedding parameters (forward and backward of every matmul) plus causal attention's
+  12 x layers x heads x head_dim x the mean number of keys a query sees over data.seq_len
+  (within model.attention_window where there is one). Not counted: what is no matmul (forget
+  gates, norms) and a family's own recurrences (LPC-SM's memory)."""
+  embedding = sum(int(np.prod(leaf.shape)) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                  if any(getattr(key, "key", None) == "embed" for key in path))
+  dense = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params)) - embedding
+  model, length = config.model, config.data.seq_len
+  window = min(getattr(model, "attention_window", None) or length, length)
+  mean_keys = (window * (window + 1) / 2 + (length - window) * window) / length
+  return 6 * dense + 12 * model.num_layers * model.num_heads * model.resolved_head_dim * mean_keys
+
+
 def language_model_family(name, config_cls, module_cls, **fields):
-  """A Family that reads tokens and predicts the next one; throughput counts tokens."""
+  """A Family that reads tokens and predicts the next one; throughput counts tokens (every
+  position of data.seq_len, and the FLOPs per token of ``decoder_flops_per_token``, unless the
+  family counts other units: then it gives its own ``flops_per_unit``, or none)."""
   defaults = dict(loss=lm_loss, example_inputs=token_inputs, data_kinds=LM_DATA_KINDS, check=check_language_model,
                   evaluator=language_model_evaluator(), throughput_unit="tokens",
                   units_per_example=lambda config: config.data.seq_len)
+  if "units_per_example" not in fields:  # sith counts the m predicted tokens of a longer window
+    defaults["flops_per_unit"] = decoder_flops_per_token
   return Family(name, config_cls, module_cls, **{**defaults, **fields})

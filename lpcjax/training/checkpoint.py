@@ -57,6 +57,10 @@ class TreeMismatchError(ValueError):
   """The saved state's tree differs from the model's; the message is one line."""
 
 
+class IncompleteCheckpointError(ValueError):
+  """A checkpoint step without an item a restore needs (a partial copy); one line."""
+
+
 def _key_name(key):
   for attribute in ("key", "idx", "name"):  # DictKey, SequenceKey, GetAttrKey (namedtuples)
     if hasattr(key, attribute):
@@ -134,6 +138,7 @@ class Checkpointer:
     """Restore the state into ``shardings`` (any mesh: Orbax reshards) and, given the data
     iterator, its position too (evaluation passes none). Latest step by default."""
     step = self.latest_step() if step is None else step
+    self._check_items(step, ("state", "data") if data_iterator is not None else ("state",))
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           abstract_state, shardings)
     self._check_tree(step, _saved_fields(target))
@@ -149,6 +154,7 @@ class Checkpointer:
     and ``train.init_from`` need none; MaxText's load_parameters_path). Reads every checkpoint
     that holds a full state, old ones included."""
     step = self.latest_step() if step is None else step
+    self._check_items(step, ("state",))
     abstract = {"params": params, **({"mutable": mutable} if mutable else {})}
     wanted = {"params": shardings[0], **({"mutable": shardings[1]} if mutable else {})}
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, wanted)
@@ -158,6 +164,19 @@ class Checkpointer:
     with ocp.PyTreeCheckpointer() as reader:
       restored = reader.restore(epath.Path(self.manager.directory) / str(step) / "state", args=restore)
     return restored["params"], restored.get("mutable", {})
+
+  def _check_items(self, step, names):
+    """IncompleteCheckpointError for a step folder that lacks one of the items ``names``
+    (Orbax's own error is a page-long KeyError traceback)."""
+    folder = epath.Path(self.manager.directory) / str(step)
+    for name in names:
+      if not (folder / name).is_dir():
+        # a converted checkpoint (lpcjax.convert) is whole without a data position
+        converted = ("a run converted by lpcjax.convert has none and cannot be resumed (start a new run from "
+                     "its weights with train.init_from=RUN_DIR); " if name == "data" else "")
+        raise IncompleteCheckpointError(
+            f"checkpoint step {step} is incomplete: {folder} has no {name!r} item; {converted}a partial copy: "
+            "copy the whole step folder again")
 
   def _check_tree(self, step, wanted):
     """TreeMismatchError before any array is read: a restore that fails half-way leaves Orbax's

@@ -39,11 +39,13 @@ from lpcjax.sharding import check_divisible, context_ways, make_mesh, rules_from
 
 from .checkpoint import Checkpointer
 from .run_directory import RunExistsError  # noqa: F401  (re-exported: train() raises it)
-from .run_directory import (MetricsLog, check_resumable, check_same_structure, metric_means, num_params,
-                            open_run_directory, parse_run_spec, restore_checked, restore_variables)
+from .run_directory import (MetricsLog, check_resumable, check_same_structure, earlier_train_seconds, metric_means,
+                            num_params, open_run_directory, parse_run_spec, restore_checked, restore_variables)
 from .stopping import TrainingError  # noqa: F401  (re-exported: train() raises it)
 from .stopping import NonfiniteGuard, stop_agreed, stop_requests
-from .steps import create_train_state, eval_step, make_optimizer, state_shardings, step_rng, train_step
+from .steps import (create_train_state, eval_step, learning_rate_schedule, make_optimizer, state_shardings, step_rng,
+                    train_step)
+from .throughput import mfu, peak_flops
 
 
 class TrainingData:
@@ -86,16 +88,23 @@ class TrainingData:
     return record
 
 
+def check_context_family(family, ways):
+  """A one-line ConfigError when the sequence is to be split ``ways`` ways and the family
+  cannot take it. Checked before the mesh is made too: with too few devices for the mesh, the
+  mesh's error would blame train.mesh_data instead."""
+  if ways != 1 and not family.context_parallel:
+    able = ", ".join(name for name in models.names() if models.get(name).context_parallel)
+    raise experiment.ConfigError(f"train.mesh_context: the {family.name} family cannot shard its sequence (a "
+                                 f"recurrence runs along it; families that can: {able}); use train.mesh_context=1")
+
+
 def check_context_parallel(family, config, mesh):
   """A one-line ConfigError when the mesh shards the sequence and the model or its length cannot
   take it (the ring's load-balanced layout cuts the sequence into 2 x mesh_context chunks)."""
   ways = context_ways(mesh)
   if ways == 1:
     return
-  if not family.context_parallel:
-    able = ", ".join(name for name in models.names() if models.get(name).context_parallel)
-    raise experiment.ConfigError(f"train.mesh_context: the {family.name} family cannot shard its sequence (a "
-                                 f"recurrence runs along it; families that can: {able}); use train.mesh_context=1")
+  check_context_family(family, ways)
   if config.data.seq_len % (2 * ways):
     raise experiment.ConfigError(f"train.mesh_context: {ways}-way context parallelism needs data.seq_len to be a "
                                  f"multiple of {2 * ways}, got {config.data.seq_len}")
@@ -163,16 +172,47 @@ def initial_state(family, model, config, run_dir, start, data, checkpointer, abs
   return state
 
 
-def train(config, resume=False, progress=True, devices=None):
+def start_block(config, num_params, mesh, run_dir, start, resume_command=None):
+  """The lines train.py prints before the first step: config, model and size, devices and mesh,
+  data, schedule, run directory and the command that resumes the run."""
+  model, data, cfg = config.model, config.data, config.train
+  describe = f" ({model.describe()})" if hasattr(model, "describe") else ""
+  devices = mesh.devices.flatten()
+  kinds = ", ".join(sorted({device.device_kind for device in devices}))
+  processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
+  # the kind's sources (files, token file prefix): what a field naming files or tokens holds
+  listed = lambda value: (",".join(map(str, value[:3])) + (f" (+{len(value) - 3} more)" if len(value) > 3 else "")
+                          if isinstance(value, tuple) else value)
+  sources = [f"{f.name}={listed(value)}" for f in dataclasses.fields(data) if ("file" in f.name or "tokens" in f.name)
+             and (value := getattr(data, f.name)) and not isinstance(value, bool)]
+  length = f" x {data.seq_len}" if data.seq_len else " (length from the data)"
+  name = os.path.basename(os.path.normpath(run_dir))
+  resume = resume_command(name) if resume_command else f"train(config, resume=True) with train.run_name={name!r}"
+  return [
+      f"config   {config.name}: {model.family}{describe}, {num_params:,} parameters",
+      f"devices  {len(devices)} x {kinds}{processes}; mesh "
+      + " x ".join(f"{axis} {size}" for axis, size in mesh.shape.items()),
+      f"data     {data.kind}, batch {data.batch_size}{length}" + "".join(f"; {s}" for s in sources),
+      f"schedule {cfg.steps} steps, learning rate {cfg.learning_rate:g} (warm-up {cfg.warmup_steps}, cosine to "
+      f"{cfg.min_learning_rate:g})" + (f"; resuming at step {start}" if start else ""),
+      f"run      {run_dir}",
+      f"resume   {resume}",
+  ]
+
+
+def train(config, resume=False, progress=True, devices=None, resume_command=None):
   """Train ``config`` (an ExperimentConfig); returns (run_dir, summary dict).
 
   ``resume``: False (a new run), True (continue the run's latest checkpoint) or "or_start".
+  ``progress``: print the start block (``start_block``; ``resume_command(run_name)`` gives the
+  command it shows to resume) and a progress bar.
   Everything that can be checked (config, mesh, shardings, data, run directory) is checked
   before anything is written; a run directory this call created is removed again if it fails or
   is stopped before its first step. A stop request (SIGTERM/SIGINT, to any process) ends the run
   after the current step, with a checkpoint of it.
   """
   family = models.get(config.model.family)
+  check_context_family(family, config.train.mesh_context if config.train.mesh_context > 0 else 1)
   model = family.build(config.model)
   mesh = make_mesh(config.train, devices)
   check_context_parallel(family, config, mesh)
@@ -195,13 +235,19 @@ def train(config, resume=False, progress=True, devices=None):
                             optimizer, mesh, rules)
       train_fn, eval_fn = compiled_steps(family, config, shardings)
       size, clock = num_params(state.params), time.perf_counter()
+      if progress and jax.process_index() == 0:
+        print("\n".join(start_block(config, size, mesh, run_dir, start, resume_command)), flush=True)
+      loop.flops_per_unit = family.flops_per_unit and family.flops_per_unit(config, state.params)
+      loop.peak = peak_flops(mesh.devices.flatten(), config.train.peak_tflops)
       final = loop.run(state, train_fn, eval_fn, progress)
     finally:
       if loop.checkpointer is not None:
         loop.checkpointer.close()
       if created and not loop.trained and jax.process_index() == 0:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing trained: leave nothing behind
-    summary = {**final, "num_params": size, "train_seconds": time.perf_counter() - clock,
+    # a resumed run counts the time its earlier part trained too
+    train_seconds = earlier_train_seconds(run_dir, start) + time.perf_counter() - clock
+    summary = {**final, "num_params": size, "train_seconds": train_seconds,
                "family": config.model.family, "name": config.name, "preempted": loop.preempted,
                "mesh": dict(mesh.shape)}
   if jax.process_index() == 0 and os.path.isdir(run_dir):
@@ -235,6 +281,7 @@ class TrainingLoop:
     self.config, self.family, self.data = config, family, data
     self.run_dir, self.stop, self.start = run_dir, stop, start
     self.checkpointer, self.saved_step, self.trained, self.preempted = None, start, False, False
+    self.flops_per_unit, self.peak = None, None  # for MFU: the model's FLOPs per unit, the devices' FLOP/s
 
   def _stop_for_nonfinite(self):  # returns the latest checkpoint step, which stays the latest
     self.checkpointer.close()
@@ -247,13 +294,22 @@ class TrainingLoop:
 
   def hooks(self, log, eval_fn, clock):
     """[log metrics, evaluate, checkpoint, stop on request], in the order they run."""
-    cfg, start = self.config.train, self.start
+    cfg = self.config.train
     units_per_step = self.config.data.batch_size * self.family.units_per_example(self.config)
     rate_key = f"{self.family.throughput_unit}_per_sec"
+    schedule = learning_rate_schedule(cfg)
+    since = {"step": self.start, "time": clock}  # the previous log row: rates are over the steps since
 
     def log_metrics(step, state, metrics):
-      record = {"step": step, **metric_means(metrics),
-                rate_key: (step - start) * units_per_step / (time.perf_counter() - clock)}
+      means = metric_means(metrics)  # waits for the step: the clock below counts finished steps
+      now = time.perf_counter()
+      step_seconds = (now - since["time"]) / (step - since["step"])
+      since.update(step=step, time=now)
+      record = {"step": step, **means, "learning_rate": float(schedule(step - 1)),  # of this step's update
+                "step_seconds": step_seconds, rate_key: units_per_step / step_seconds}
+      utilisation = mfu(self.flops_per_unit, record[rate_key], self.peak)
+      if utilisation is not None:
+        record["mfu"] = utilisation
       log.write(record)
       self.bar.set_postfix({"loss": f"{record['loss']:.3f}", rate_key: f"{record[rate_key]:.0f}"})
 
@@ -272,24 +328,24 @@ class TrainingLoop:
     """Returns the final record: the step reached, and the final evaluation unless preempted."""
     cfg, data, start, total = self.config.train, self.data, self.start, self.config.train.steps
     guard = NonfiniteGuard(cfg.max_nonfinite_steps, self._stop_for_nonfinite)
-    self.bar = tqdm(range(start, total), initial=start, total=total, desc=self.config.name,
+    # Updated after each step (iterating the bar counted a step when the next began, so it ended at N-1/N)
+    self.bar = tqdm(initial=start, total=total, desc=self.config.name,
                     disable=not (progress and jax.process_index() == 0), dynamic_ncols=True)
     log = MetricsLog(self.run_dir, cfg.tensorboard, start)
-    with contextlib.closing(log):
+    with contextlib.closing(log), contextlib.closing(self.bar):
       hooks = self.hooks(log, eval_fn, time.perf_counter())
       # Asked to stop before the first step (e.g. while the state was built)?
       self.preempted = stop_agreed(self.stop)
-      for step in self.bar:
+      for step in range(start, total):
         if self.preempted:
           break
         state, metrics = train_fn(state, data.place(next(data.train)))
         self.trained, done = True, step + 1
         guard.push(done, metrics["finite"][0])
+        self.bar.update(1)
         for hook in hooks:
           if hook.due(done, total):
             hook.action(done, state, metrics)
-        if done == total or self.preempted:
-          break
       guard.flush()
       if self.preempted:
         return {"step": self.saved_step}

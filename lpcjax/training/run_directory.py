@@ -20,7 +20,8 @@ from lpcjax.errors import UserError
 from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
 from lpcjax.sharding import make_mesh, rules_from_config
 
-from .checkpoint import Checkpointer, TreeMismatchError, has_checkpoint, latest_checkpoint_step, tree_mismatch
+from .checkpoint import (Checkpointer, IncompleteCheckpointError, TreeMismatchError, has_checkpoint,
+                         latest_checkpoint_step, tree_mismatch)
 from .steps import make_optimizer, state_shardings, variable_shardings
 
 
@@ -90,7 +91,7 @@ def restore_checked(checkpointer, run_dir, *args, variables_only=False, **kwargs
   restore = checkpointer.restore_variables if variables_only else checkpointer.restore
   try:
     return restore(*args, **kwargs)
-  except TreeMismatchError as error:
+  except (TreeMismatchError, IncompleteCheckpointError) as error:
     raise RunError(f"{run_dir}: {error}") from None
   except ValueError as error:
     mismatch = tree_mismatch(error)
@@ -176,7 +177,10 @@ def open_run_directory(config, resume):
   checking what ``resume`` asks of it: False, a new run (a folder with checkpoints is an error);
   True, continue its latest checkpoint (none is an error); "or_start", continue or start."""
   if resume and not config.train.run_name:
-    raise ConfigError("train.run_name: --resume needs the name of the run to continue")
+    runs = sorted(name for name in os.listdir(config.train.run_dir) if has_checkpoint(
+        os.path.join(config.train.run_dir, name))) if os.path.isdir(config.train.run_dir) else []
+    listed = f" (runs in {config.train.run_dir}: {', '.join(runs[-5:])})" if runs else ""
+    raise ConfigError(f"train.run_name: --resume needs the name of the run to continue: train.run_name=NAME{listed}")
   if jax.process_count() > 1 and not config.train.run_name:  # each process would time-stamp its own
     raise ConfigError("train.run_name: a run of several processes needs a name")
   name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -208,6 +212,20 @@ def check_resumable(run_dir, config):
       if old != new:
         raise ConfigError(f"{section}.{key}: the checkpoint in {run_dir} was trained with "
                                      f"{old!r}, this config says {new!r}")
+
+
+def earlier_train_seconds(run_dir, start):
+  """The training time before step ``start`` of a resumed run: the ``train_seconds`` of the
+  summary its stop wrote at that step (0 for a new run, or when the run stopped without one:
+  killed, then resumed from an earlier checkpoint, whose time is not known)."""
+  if not start:
+    return 0.0
+  try:
+    with open(os.path.join(run_dir, "summary.json")) as f:
+      summary = json.load(f)
+  except (OSError, ValueError):
+    return 0.0
+  return float(summary.get("train_seconds", 0.0)) if summary.get("step") == start else 0.0
 
 
 def _step_of(line):

@@ -68,6 +68,14 @@ def group_labels(groups):
   return lambda params: jax.tree_util.tree_map_with_path(label, params)
 
 
+def learning_rate_schedule(train_cfg):
+  """The learning rate of each update: linear warm-up to ``learning_rate``, then cosine to
+  ``min_learning_rate`` at ``steps`` (before a family's per-parameter scales)."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=train_cfg.learning_rate, warmup_steps=train_cfg.warmup_steps,
+      decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1), end_value=train_cfg.min_learning_rate)
+
+
 def make_optimizer(train_cfg):
   """AdamW (b1, b2, decoupled weight decay) after global-norm clipping; linear warmup, cosine.
   What a family adds is declared by its train config (``Family.train_config_cls``): its
@@ -75,9 +83,7 @@ def make_optimizer(train_cfg):
   their own, with their own Adam b2 and weight decay; then the per-parameter scales of its
   ``lr_scale_rules()``. Each extra is added only if declared, so that the optimizer state of
   every other run keeps its structure (and old checkpoints restore)."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=train_cfg.learning_rate, warmup_steps=train_cfg.warmup_steps,
-      decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1), end_value=train_cfg.min_learning_rate)
+  schedule = learning_rate_schedule(train_cfg)
   parts = _clipped_adam(train_cfg, schedule, train_cfg.adam_b2, train_cfg.grad_clip, train_cfg.weight_decay)
   groups = train_cfg.parameter_groups()
   if groups:

@@ -251,7 +251,7 @@ def test_bin_weights_without_torch_is_a_one_line_error(tmp_path, monkeypatch):
     convert.load_hf(path)
 
 
-def test_import_then_export_keeps_every_source_key_and_ordinary_permissions(tmp_path, shared_data):
+def test_import_then_export_keeps_every_source_key_and_ordinary_permissions(tmp_path, gpt2_rank_file):
   """The export writes back the keys of the imported config.json that lpcjax does not set (the
   package's defaults differ: fuse_cross_entropy is True there), with a plain file's permissions;
   the import records the tokenizer it is given."""
@@ -262,7 +262,7 @@ def test_import_then_export_keeps_every_source_key_and_ordinary_permissions(tmp_
   hf = _hf_dir(tmp_path, cfg, edit=lambda config: config.update(extra))
   source = json.loads((hf / "config.json").read_text())
   run, out = tmp_path / "run", tmp_path / "exported"
-  rank_file = str(shared_data / "gpt2.tiktoken")
+  rank_file = gpt2_rank_file
   assert convert_main([str(hf), str(run), "--seq-len", "32", "--tokenizer-file", rank_file]) == 0
   assert json.loads((run / "config.json").read_text())["data"]["tokenizer_file"] == rank_file
   assert convert_main(["--to-hf", str(run), str(out)]) == 0

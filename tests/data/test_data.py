@@ -9,6 +9,8 @@ import pytest
 from lpcjax.data import (DataError, MQARDataConfig, MQARSource, TokenWindowSource, load_gpt2_tokenizer, load_token_file,
                          make_dataset, make_iterator, mqar_example, prepare)
 
+from conftest import BOOK
+
 
 def test_mqar_answers_are_the_paired_values():
   rng = np.random.default_rng(0)
@@ -62,11 +64,11 @@ def test_token_windows_and_segment_ids():
   np.testing.assert_array_equal(window["segment_ids"], [0, 0, 1, 1])
 
 
-def test_tokenizer_offline_from_rank_file(shared_data, monkeypatch):
-  enc = load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
+def test_tokenizer_offline_from_rank_file(gpt2_rank_file, monkeypatch):
+  enc = load_gpt2_tokenizer(gpt2_rank_file)
   assert enc.encode("Hello world") == [15496, 995] and enc.n_vocab == 50257
   assert enc.encode("<|endoftext|>", allowed_special="all") == [50256]
-  monkeypatch.setenv("LPCJAX_TIKTOKEN_FILE", str(shared_data / "gpt2.tiktoken"))
+  monkeypatch.setenv("LPCJAX_TIKTOKEN_FILE", gpt2_rank_file)
   assert load_gpt2_tokenizer().encode("Hello world") == [15496, 995]
 
 
@@ -79,9 +81,9 @@ def test_tokenizer_errors_are_clear(tmp_path):
     load_gpt2_tokenizer(str(bad))
 
 
-def test_prepare_round_trip_idempotent_and_checked(shared_data, tmp_path):
-  rank_file = str(shared_data / "gpt2.tiktoken")
-  book = str(shared_data / "pg_books" / "frankenstein.txt.gz")
+def test_prepare_round_trip_idempotent_and_checked(gpt2_rank_file, tmp_path):
+  rank_file = gpt2_rank_file
+  book = str(BOOK)  # gzip of UTF-8 with a BOM and CRLF, as Project Gutenberg stores its books
   jsonl = tmp_path / "docs.jsonl"
   jsonl.write_text(json.dumps({"text": "First document."}) + "\n" + json.dumps({"text": "Second, café."}) + "\n")
   prefix = str(tmp_path / "out" / "tokens")

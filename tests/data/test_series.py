@@ -7,6 +7,8 @@ from lpcjax.config import ConfigError
 from lpcjax.data import (DataError, SeriesDataConfig, SeriesSource, make_dataset, make_iterator, read_series,
                          stratified_subset)
 
+from conftest import UCR
+
 
 def write_tsv(path, rows):
   """rows: (label, [values...]) with None for an empty (missing) field."""
@@ -160,16 +162,17 @@ def test_pipeline_batches_and_eval_covers_every_example_once(tmp_path):
   np.testing.assert_array_equal(np.concatenate([b["label"] for b in batches])[valid], held.labels)
 
 
-def test_real_ucr_files(shared_data):
-  ucr = shared_data / "ucr"
-  if not (ucr / "Wafer").is_dir() or not (ucr / "GunPoint").is_dir():
-    pytest.skip("../shared/data/ucr lacks Wafer or GunPoint")
+@pytest.mark.parametrize("where, wafer_train, gun_train, gun_test", [
+    ("fixtures", 16, 10, 10),  # the first rows of the archive's files, shipped in tests/fixtures/ucr
+    ("shared", 1000, 50, 150)])  # the whole files, in ../shared/data (skips without it)
+def test_real_ucr_files(where, wafer_train, gun_train, gun_test, request):
+  ucr = UCR if where == "fixtures" else request.getfixturevalue("shared_data") / "ucr"
   x, labels = read_series(ucr / "Wafer" / "Wafer_TRAIN.tsv.gz")
-  assert x.shape == (1000, 152, 1) and set(labels.tolist()) == {-1, 1} and not np.isnan(x).any()
+  assert x.shape == (wafer_train, 152, 1) and set(labels.tolist()) == {-1, 1} and not np.isnan(x).any()
   cfg = SeriesDataConfig(train_file=str(ucr / "Wafer" / "Wafer_TRAIN.tsv.gz"))
   train, held = SeriesSource(cfg, 0, "train"), SeriesSource(cfg, 0, "eval")
-  assert len(train) + len(held) == 1000 and train.classes == ("-1", "1")
+  assert len(train) + len(held) == wafer_train and train.classes == ("-1", "1")
   gun = ucr / "GunPoint"
   cfg = SeriesDataConfig(train_file=str(gun / "GunPoint_TRAIN.tsv.gz"), eval_file=str(gun / "GunPoint_TEST.tsv.gz"))
   train, test = SeriesSource(cfg, 0, "train"), SeriesSource(cfg, 0, "eval")
-  assert train.x.shape == (50, 150, 1) and test.x.shape == (150, 150, 1) and train.num_classes == 2
+  assert train.x.shape == (gun_train, 150, 1) and test.x.shape == (gun_test, 150, 1) and train.num_classes == 2

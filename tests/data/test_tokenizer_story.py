@@ -8,7 +8,7 @@ import shutil
 import pytest
 import tiktoken
 
-from conftest import cli
+from conftest import TEXT, cli
 
 from lpcjax.data import prepare
 
@@ -28,10 +28,10 @@ def tiny_text_run(tmp_path, *overrides):
           f"train.run_dir={tmp_path}", *overrides]
 
 
-def test_a_token_file_run_finds_its_tokenizer_offline(shared_data, tmp_path, offline, capsys):
+def test_a_token_file_run_finds_its_tokenizer_offline(gpt2_rank_file, tmp_path, offline, capsys):
   rank_file = tmp_path / "copy.tiktoken"  # a copy, so the test can take it away again
-  shutil.copy(shared_data / "gpt2.tiktoken", rank_file)
-  essay = str(shared_data / "paul_graham_essays" / "addiction.txt")
+  shutil.copy(gpt2_rank_file, rank_file)
+  essay = str(TEXT)
   meta = prepare(str(tmp_path / "tokens"), [essay], tokenizer_file=str(rank_file), progress=False)
   assert meta["tokenizer_file"] == str(rank_file)  # the token file says where its tokenizer is
   from lpcjax.generate import main as generate
@@ -44,7 +44,11 @@ def test_a_token_file_run_finds_its_tokenizer_offline(shared_data, tmp_path, off
   assert saved["tokenizer_file"] == str(rank_file)  # recorded from the token file's metadata
   out = ["--out", str(tmp_path / "eval"), "--max-sequences", "1", "--eval-len", "32"]
   assert evaluate(["--run", str(run), *out]) == 0
+  capsys.readouterr()
   assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2"]) == 0
+  assert capsys.readouterr().out.startswith("He said")  # the prompt, echoed before its continuation
+  assert generate(["--run", str(run), "--prompt", ""]) == 2  # an empty prompt, not an absent one
+  assert capsys.readouterr().err.strip() == "error: generate: every prompt needs at least one token"
 
   os.remove(rank_file)  # the run moved to another machine: the recorded file is gone
   capsys.readouterr()
@@ -52,17 +56,17 @@ def test_a_token_file_run_finds_its_tokenizer_offline(shared_data, tmp_path, off
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and str(rank_file) in err and "--tokenizer-file" in err
   assert "data.tokenizer_file" not in err  # a field eval.py and generate cannot set
-  given = str(shared_data / "gpt2.tiktoken")
+  given = gpt2_rank_file
   assert generate(["--run", str(run), "--prompt", "He said", "--max-new-tokens", "2",
                    "--tokenizer-file", given]) == 0
   assert evaluate(["--run", str(run), *out, "--tokenizer-file", given]) == 0
 
 
-def test_train_takes_the_tokenizer_file_and_the_environment_variable(shared_data, tmp_path,
+def test_train_takes_the_tokenizer_file_and_the_environment_variable(gpt2_rank_file, tmp_path,
                                                                       offline, monkeypatch, capsys):
   train = cli("train")
-  essay = str(shared_data / "paul_graham_essays" / "addiction.txt")
-  rank_file = str(shared_data / "gpt2.tiktoken")
+  essay = str(TEXT)
+  rank_file = gpt2_rank_file
   args = ["--config", "fox_tiny_text", f"data.train_files={essay}", "--print-config"]
   capsys.readouterr()
   assert train([*args, "--tokenizer-file", rank_file]) == 0

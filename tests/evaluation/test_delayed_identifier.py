@@ -13,12 +13,12 @@ from lpcjax.data import tokenize_files
 from lpcjax.evaluation.runner import load_run
 from lpcjax.evaluation.delayed_identifier import HEADER, delayed_identifier_probe, identifier_losses, probe_prompts
 
-from conftest import cli
+from conftest import TEXT, cli
 
 
 @pytest.fixture
-def tokenizer(shared_data):
-  return load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
+def tokenizer(gpt2_rank_file):
+  return load_gpt2_tokenizer(gpt2_rank_file)
 
 
 def _decode(tokenizer, tokens):
@@ -60,10 +60,10 @@ def test_probe_reduces_over_prompts(tokenizer):
     assert probe[key]["key_ce"] == pytest.approx(np.mean(lengths))
 
 
-def test_eval_delayed_id_on_an_lpcsm_run(shared_data, tmp_path, capsys):
-  essay = str(shared_data / "paul_graham_essays" / "addiction.txt")
+def test_eval_delayed_id_on_an_lpcsm_run(gpt2_rank_file, tmp_path, capsys):
+  essay = str(TEXT)
   run_dir = tmp_path / "runs" / "lpcsm"
-  overrides = [f"data.train_files={essay}", f"data.tokenizer_file={shared_data / 'gpt2.tiktoken'}",
+  overrides = [f"data.train_files={essay}", f"data.tokenizer_file={gpt2_rank_file}",
                "model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.mlp_multiple_of=32",
                "model.attention_window=16", "model.chunk_size=16", "model.memory_dim=8", "model.attention_impl=xla",
                "data.seq_len=64", "data.batch_size=8", "train.steps=2", "train.warmup_steps=1", "train.eval_batches=1",
@@ -87,7 +87,7 @@ def test_eval_delayed_id_on_an_lpcsm_run(shared_data, tmp_path, capsys):
 
   # the probe's summed CE equals a direct computation on the unpadded prompt
   run = load_run(str(run_dir))
-  tokenizer = load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
+  tokenizer = load_gpt2_tokenizer(gpt2_rank_file)
   (tokens, start), _ = probe_prompts(tokenize_files([essay], tokenizer)[0], tokenizer, 150, 2, seed=0)[0]
   padded = np.pad(tokens[:-1], (0, 160 - 149))[None]
   logits = run.model.apply({"params": run.params}, padded)[0, :149]

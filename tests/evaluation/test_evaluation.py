@@ -17,7 +17,7 @@ from lpcjax.evaluation.per_token import confidence_band, roll_batch
 from lpcjax.sharding import make_mesh
 from lpcjax.training import train
 
-from conftest import REPO, cli, ctrl_c_swallowed_by_the_interpreter, tiny_experiment, write_token_file
+from conftest import REPO, TEXT, cli, ctrl_c_swallowed_by_the_interpreter, tiny_experiment, write_token_file
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +172,45 @@ def test_bad_runs_and_data(runs, tmp_path):
   assert result.stderr.strip() == f"error: {tmp_path}: no checkpoint (has the run saved one?)"
 
 
+def test_text_probes_of_a_run_without_a_tokenizer_are_one_line(runs, tmp_path, gpt2_rank_file, capsys):
+  """An MQAR run has no tokenizer: --needle says so (it once said the download failed); with
+  --tokenizer-file the flag is used (it was ignored), and GPT-2's ids do not fit the model's 64
+  tokens (they were fed in, and the grid scored 0%)."""
+  evaluate = cli("eval")
+  arguments = ["--run", runs["fox"], "--out", str(tmp_path / "e"), "--needle", "--haystack", str(TEXT)]
+  for extra, expected in (([], "this run has no tokenizer (data.kind=mqar"),
+                          (["--tokenizer-file", gpt2_rank_file], "the model has 64 tokens, fewer than the GPT-2")):
+    capsys.readouterr()
+    assert evaluate([*arguments, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1
+  assert not (tmp_path / "e").exists()
+
+
+def test_a_partially_copied_checkpoint_is_a_one_line_error(runs, tmp_path, capsys):
+  """A checkpoint step without its state item (a partial copy) gives one line from eval.py,
+  generate and train --resume, not Orbax's KeyError traceback; nothing is written."""
+  import shutil
+  from lpcjax.generate import main as generate
+  run_dir = tmp_path / "fox"
+  shutil.copytree(runs["fox"], run_dir)
+  (step,) = [name for name in os.listdir(run_dir / "checkpoints") if name.isdigit()]
+  shutil.rmtree(run_dir / "checkpoints" / step / "state")
+  before = sorted(os.listdir(run_dir / "checkpoints" / step))
+  for command in (lambda: cli("eval")(["--run", str(run_dir), "--out", str(tmp_path / "e")]),
+                  lambda: generate(["--run", str(run_dir), "--token-ids", "1,2"])):
+    capsys.readouterr()
+    assert command() == 2
+    err = capsys.readouterr().err.strip()
+    assert f"checkpoint step {step} is incomplete" in err and "'state'" in err and len(err.splitlines()) == 1
+  cfg = tiny_experiment(tmp_path, "model.family=fox", "train.steps=6", "train.warmup_steps=1", "train.mesh_data=1",
+                        "data.seq_len=16", name="fox")
+  with pytest.raises(RunError, match=f"checkpoint step {step} is incomplete"):
+    train(cfg, resume=True, progress=False, devices=jax.devices()[:1])
+  assert not (tmp_path / "e").exists() and sorted(os.listdir(run_dir / "checkpoints" / step)) == before
+  assert [name for name in os.listdir(run_dir / "checkpoints") if name.isdigit()] == [step]
+
+
 def test_an_interrupted_evaluation_is_one_line_and_keeps_the_old_results(runs, tmp_path, monkeypatch, capsys):
   out = tmp_path / "eval"
   evaluate = cli("eval")
@@ -213,8 +252,8 @@ def test_recall_by_distance_buckets_by_key_query_distance():
   assert result == {"4": {"accuracy": 1.0, "count": 1}, "16": {"accuracy": 0.0, "count": 1}}
 
 
-def test_needle_placement_and_scoring(shared_data):
-  tokenizer = load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
+def test_needle_placement_and_scoring(gpt2_rank_file):
+  tokenizer = load_gpt2_tokenizer(gpt2_rank_file)
   haystack = np.arange(1000, 3000)  # recognisable filler ids
   tokens, position, answer_start = needle_example(haystack, tokenizer, 512, 0.5, "amber-falcon", "4417203")
   needle = tokenizer.encode_ordinary(" One of the special magic numbers for amber-falcon is: 4417203.")
@@ -294,11 +333,11 @@ def test_sparse_curves_plot_where_they_have_loss(tmp_path):
   assert not (tmp_path / "blank.png").exists()
 
 
-def test_eval_reads_every_sequence_by_default(tmp_path, shared_data):
+def test_eval_reads_every_sequence_by_default(tmp_path, gpt2_rank_file):
   """10 held-out windows on 8 devices: two batches, the second padded; every window is scored
   once, the padding nowhere."""
   from lpcjax.data.prepare import tokenizer_hash
-  rank_file = str(shared_data / "gpt2.tiktoken")
+  rank_file = gpt2_rank_file
   sha = tokenizer_hash(load_gpt2_tokenizer(rank_file))
   prefix = write_token_file(tmp_path / "tokens", 4000, tokenizer_sha256=sha)
   held_out = write_token_file(tmp_path / "held_out", 10 * 64 + 1, seed=1, tokenizer_sha256=sha)
@@ -322,12 +361,12 @@ def test_needle_plot_of_one_length_keeps_its_title(tmp_path):
   assert width >= 5.5 * 120  # wide enough for the title, however few the lengths
 
 
-def test_needle_generated_answers_agree_with_teacher_forced(shared_data, tmp_path):
+def test_needle_generated_answers_agree_with_teacher_forced(gpt2_rank_file, tmp_path):
   """eval.py --needle --needle-mode both on a tiny text run: greedy cached decoding reproduces
   the answer exactly when every teacher-forced argmax does, so the two grids are equal."""
-  essay = str(shared_data / "paul_graham_essays" / "addiction.txt")
+  essay = str(TEXT)
   cfg = tiny_experiment(tmp_path, "data.kind=text", f"data.train_files={essay}", f"data.eval_files={essay}",
-                        f"data.tokenizer_file={shared_data / 'gpt2.tiktoken'}", "model.vocab_size=50257",
+                        f"data.tokenizer_file={gpt2_rank_file}", "model.vocab_size=50257",
                         "data.seq_len=64", "train.steps=2", "train.warmup_steps=1", "train.eval_batches=1")
   run_dir, _ = train(cfg, progress=False)
   result = evaluate_run(run_dir, needle=True, needle_mode="both", needle_lengths=[160], haystack=[essay],

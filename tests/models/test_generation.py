@@ -7,6 +7,8 @@ errors; the CLI."""
 
 import functools
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -146,8 +148,9 @@ def test_errors_are_one_line():
   with pytest.raises(GenerationError, match="top_p"):
     Sampling(top_p=0.0)
   pmt = models.get("pmt")
-  with pytest.raises(GenerationError, match="pmt family cannot decode token by token: it is a time-series encoder"):
+  with pytest.raises(GenerationError, match="pmt family cannot decode token by token: it is a time-series") as error:
     generate(pmt, None, None, [[1]], max_new_tokens=1)
+  assert "init_cache" not in str(error.value)  # the user's words, not the code's
   with pytest.raises(GenerationError, match="stop_head needs a model with a stop head"):
     generate(family, model, params, [[1]], max_new_tokens=1, stop_head=0.5)
 
@@ -162,23 +165,34 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   run_dir, _ = train(config, progress=False)
   capsys.readouterr()
   assert main(["--run", str(run_dir), "--token-ids", "1,2,3", "--max-new-tokens", "4"]) == 0
-  printed = capsys.readouterr().out.split()  # MQAR runs have no tokenizer: ids are printed
-  assert len(printed) == 4 and all(0 <= int(t) < config.model.vocab_size for t in printed)
+  out, err = capsys.readouterr()
+  printed = out.split()  # MQAR runs have no tokenizer: ids are printed, the prompt's first
+  assert printed[:3] == ["1", "2", "3"] and len(printed) == 7
+  assert all(0 <= int(t) < config.model.vocab_size for t in printed)
+  assert re.fullmatch(r"4 new tokens in [\d.]+ s: [\d.]+ tokens/s \(prefill and compilation included\)", err.strip())
+  assert main(["--run", str(run_dir), "--token-ids", "1,2,3", "--max-new-tokens", "4", "--no-echo"]) == 0
+  assert capsys.readouterr().out.split() == printed[3:]  # greedy: the same continuation, alone
   assert main(["--run", str(run_dir), "--token-ids", "1,2,999999"]) == 2
   err = capsys.readouterr().err.strip()
   assert "prompt token ids must be in" in err and len(err.splitlines()) == 1
+  for prompt, expected in ((["--token-ids", "5,a,3"], "--token-ids: 'a' is not a token id"),
+                           (["--prompt", "two words"], "this run has no tokenizer"),  # not "could not download"
+                           (["--prompt", ""], "this run has no tokenizer")):
+    assert main(["--run", str(run_dir), *prompt]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("text", ["He said \u201cyes\u201d.",
                                   "caf\u00e9 \U0001f600\U0001f44d\U0001f3fd ok",
                                   "\u65e5\u672c\u8a9e\u306e\u6587\u7ae0 \u2014 done"])
-def test_streamed_text_is_what_batch_decoding_prints(shared_data, text):
+def test_streamed_text_is_what_batch_decoding_prints(gpt2_rank_file, text):
   """A character split across GPT-2 tokens streams whole (it once printed as U+FFFD twice)."""
   import io
   from lpcjax.data import load_gpt2_tokenizer
   from lpcjax.generate import TextStream
   from lpcjax.decoding import TokenPrinter
-  tokenizer = load_gpt2_tokenizer(str(shared_data / "gpt2.tiktoken"))
+  tokenizer = load_gpt2_tokenizer(gpt2_rank_file)
   ids = tokenizer.encode_ordinary(text)
   assert any("\ufffd" in tokenizer.decode([t]) for t in ids)  # the case that used to garble
   for sequence in (ids, ids[:-1], [*ids[:3], 50256, *ids[3:]]):  # cut mid-character, end-of-text

@@ -95,4 +95,5 @@ def test_a_fresh_process_evaluates_and_generates_a_family_defined_outside_the_pa
   assert json.load(open(tmp_path / "eval" / "toy.json"))[0]["examples"] == 20
   generated = run("-m", "lpcjax.generate", "--run", str(runs / "lm"), "--token-ids", "5,17,3", "--max-new-tokens", "3")
   assert generated.returncode == 0, generated.stderr
-  assert len(generated.stdout.split()) == 3  # the three new token ids
+  printed = generated.stdout.split()
+  assert printed[:3] == ["5", "17", "3"] and len(printed) == 6  # the prompt, echoed, and three new ids

@@ -13,7 +13,7 @@ from lpcjax import models
 from lpcjax.losses import masked_cross_entropy
 from lpcjax.training import TrainingError, create_train_state, decay_mask, has_checkpoint, train, train_step
 
-from conftest import REPO, ctrl_c_swallowed_by_the_interpreter, tiny_experiment
+from conftest import REPO, cli, ctrl_c_swallowed_by_the_interpreter, sigterm_after_rows, tiny_arguments, tiny_experiment
 
 
 def one_device():
@@ -142,7 +142,7 @@ def test_train_cli_rejects_bad_input_with_one_line(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, env=one_device)
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
-      "error: model.d_modle: unknown key for model.family='fox'; known keys are "
+      "error: model.d_modle: unknown key for model.family='fox' (did you mean model.d_model?); known keys are "
       + result.stderr.split("known keys are ")[1].strip()]
   result = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", "fox_tiny_text",
                            "data.train_files=/nonexistent.txt", "data.tokenizer_file=/nonexistent.tiktoken",
@@ -150,6 +150,68 @@ def test_train_cli_rejects_bad_input_with_one_line(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, env=one_device)
   assert result.returncode == 2 and "error: tokenizer rank file not found" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_a_stopped_run_prints_the_command_that_resumes_it(tmp_path, monkeypatch, capsys):
+  """python train.py without a run name, stopped after step 2: the start block and the last line
+  give the command that continues it (a bare --resume cannot name a run named by its start
+  time), and that command finishes the run. Log rows hold the learning rate, step time,
+  throughput and MFU (train.peak_tflops: a CPU's peak is unknown); the progress bar ends at N/N;
+  summary.json counts the time of both parts."""
+  import shlex
+  from lpcjax.evaluation.runner import load_run
+  sigterm_after_rows(monkeypatch, rows=2)
+  arguments = tiny_arguments(tmp_path, "train.steps=4", "train.warmup_steps=1", "train.log_every=1",
+                             "train.eval_batches=1", "train.peak_tflops=2", name=None)
+  assert cli("train")(arguments) == 130
+  out, err = capsys.readouterr()
+  (run_dir,) = [tmp_path / name for name in os.listdir(tmp_path)]
+  command = err.strip().splitlines()[-1].split("continue with: ")[1]
+  assert command.endswith(f"train.run_name={run_dir.name} --resume")
+  assert f"resume   {command}" in out.splitlines()  # printed before the first step too
+  assert cli("train")([*arguments, "--resume"]) == 2  # a bare --resume: which run?
+  assert capsys.readouterr().err.strip() == ("error: train.run_name: --resume needs the name of the run to continue: "
+                                             f"train.run_name=NAME (runs in {tmp_path}: {run_dir.name})")
+  assert "config   fox_tiny_mqar: fox (llama), " in out and "mesh data 8 x fsdp 1 x context 1 x tensor 1" in out
+  summary = json.load(open(run_dir / "summary.json"))
+  summary["train_seconds"] = 1000.0  # as if the first part had trained for long
+  json.dump(summary, open(run_dir / "summary.json", "w"))
+
+  _python, _script, *resumed = shlex.split(command)
+  assert cli("train")(resumed) == 0
+  _, err = capsys.readouterr()
+  assert "4/4" in err and "| 3/4 [" not in err.split("\r")[-1]  # the bar's last state
+  assert json.load(open(run_dir / "summary.json"))["train_seconds"] > 1000.0
+  rows = [row for row in map(json.loads, open(run_dir / "metrics.jsonl")) if "loss" in row]
+  peak_lr = json.load(open(run_dir / "config.json"))["train"]["learning_rate"]
+  assert [row["step"] for row in rows] == [1, 2, 3, 4]
+  assert rows[0]["learning_rate"] == 0.0 and rows[1]["learning_rate"] == pytest.approx(peak_lr)  # warm-up of 1
+  run = load_run(str(run_dir))
+  flops_per_token = models.get("fox").flops_per_unit(run.config, run.params)
+  for row in rows:
+    assert row["tokens_per_sec"] == pytest.approx(8 * 32 / row["step_seconds"])
+    assert row["mfu"] == pytest.approx(flops_per_token * row["tokens_per_sec"] / (8 * 2e12))
+
+
+def test_the_start_block_names_the_data_and_the_resume_command():
+  from lpcjax.sharding import make_mesh
+  from lpcjax.training.loop import start_block
+  text = C.apply_overrides(C.load_experiment(str(REPO / "configs" / "fox_tiny_text.py")),
+                           ["data.train_files=a.txt,b.txt,c.txt,d.txt,e.txt"])
+  lines = start_block(text, 1234, make_mesh(text.train, one_device()), "runs/x", 5, lambda name: f"resume {name}")
+  assert lines[0] == "config   fox_tiny_text: fox (llama), 1,234 parameters"
+  assert lines[2] == "data     text, batch 4 x 256; train_files=a.txt,b.txt,c.txt (+2 more)"
+  assert lines[3].endswith("; resuming at step 5") and lines[-1] == "resume   resume x"
+
+
+def test_a_family_that_cannot_split_its_sequence_is_named_before_the_mesh(tmp_path):
+  """One device and mesh_context=2 on LPC-SM: the error names the family (the mesh's own error
+  blamed train.mesh_data)."""
+  cfg = C.apply_overrides(C.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py")),
+                          ["model.family=lpcsm", "train.mesh_context=2", f"train.run_dir={tmp_path}"])
+  with pytest.raises(C.ConfigError, match="train.mesh_context: the lpcsm family cannot shard its sequence"):
+    train(cfg, progress=False, devices=one_device())
+  assert os.listdir(tmp_path) == []
 
 
 def test_tensorboard_event_files(tmp_path):

@@ -19,6 +19,44 @@ os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# The tests left out of the README's command (`-m "not slow"`, what CI runs), beside the ones
+# marked in their files: the slowest of the full suite's `--durations` (2 CPU cores, Dec 2026),
+# each an end-to-end run or a variant whose behaviour a faster test of the command also covers
+# (one mesh of several, one parametrization of several). `python -m pytest -q -n 2 -m slow tests`
+# runs them (docs/testing.md).
+SLOW = {
+    "tests/training/test_context_parallel_training.py::test_training_matches_and_resumes_across_meshes",
+    "tests/training/test_context_parallel_training.py::test_model_on_a_context_mesh_equals_one_device[fox-pro-mesh1-None]",
+    "tests/training/test_context_parallel_training.py::test_model_on_a_context_mesh_equals_one_device[transformer-llama-mesh2-None]",
+    "tests/training/test_context_parallel_training.py::test_model_on_a_context_mesh_equals_one_device[fox-pro-mesh3-None]",
+    "tests/training/test_context_parallel_training.py::test_model_on_a_context_mesh_equals_one_device[fox-llama-mesh4-12]",
+    "tests/training/test_context_parallel_training.py::test_compiled_step_moves_the_sequence_only_by_collective_permute[model1]",
+    "tests/training/test_distributed.py::test_resume_with_accumulation_on_a_mesh_is_exact[tokens]",
+    "tests/training/test_distributed.py::test_resume_on_another_mesh_reshards",
+    "tests/training/test_distributed.py::test_resume_is_exact_and_survives_sigterm",
+    "tests/training/test_distributed.py::test_mesh_and_single_device_give_the_same_losses",
+    "tests/training/test_training.py::test_debug_checks_catch_bad_values_inside_training",
+    "tests/training/test_training.py::test_a_stopped_run_prints_the_command_that_resumes_it",
+    "tests/training/test_custom_family.py::test_a_fresh_process_evaluates_and_generates_a_family_defined_outside_the_package",
+    "tests/evaluation/test_pmt_family.py::test_pretrain_then_probe",
+    "tests/evaluation/test_pmt_family.py::test_probe_of_a_one_class_file_is_a_one_line_error",
+    "tests/evaluation/test_evaluation.py::test_needle_generated_answers_agree_with_teacher_forced",
+    "tests/evaluation/test_delayed_identifier.py::test_eval_delayed_id_on_an_lpcsm_run",
+    "tests/layers/test_lpcsm_layers.py::test_local_attention_streaming_equals_the_windowed_kernel[none]",
+    "tests/models/test_lpcsm.py::test_causal_and_streaming_equals_one_pass[no_mhc_no_pc]",
+    "tests/models/test_lpcsm.py::test_causal_and_streaming_equals_one_pass[no_slow_no_ont]",
+    "tests/models/test_pmt.py::test_receptive_field_example",
+    "tests/models/test_pmt_losses.py::test_family_loss_is_finite_with_missing_values_and_weights_switch_losses_off",
+    "tests/models/test_nnx.py::test_decoder_lm_through_nnx_bridge",
+    "tests/kernels/test_pallas_tpu.py::test_bfloat16_window_segments_and_pruning",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if item.nodeid in SLOW or item.nodeid.split("[")[0] in SLOW:
+      item.add_marker(pytest.mark.slow)
 SHARED_DATA = REPO.parent / "shared" / "data"
 # Small real data shipped with the tests (tests/fixtures/README.md), so that a fresh clone runs
 # every test CI runs: text for the tokenizer, needle and probe tests, UCR samples for the series.

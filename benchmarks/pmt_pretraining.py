@@ -1,21 +1,27 @@
-"""Does PMT pre-training beat its controls? Pre-trains ``configs/pmt.py`` variants on UCR sets
-over several seeds through the commands users run (train.py, eval.py), then prints one table:
+"""Does PMT pre-training beat its controls? Pre-trains ``configs/pmt.py`` variants on UCR sets (or
+the generated ``synthetic`` set) over several seeds through the commands users run (train.py,
+eval.py), then prints one table:
 the linear probe at each label fraction for the raw-series controls (same probe, 1-NN), the
 random init, and each pre-trained variant (mean ± std over pre-training seeds of the means
 over label seeds), parameter counts, cue-retention AUC by gap, gate values and time per run.
 
   python benchmarks/pmt_pretraining.py --sets ECG200 GunPoint --seeds 0 1 --steps 150
   python benchmarks/pmt_pretraining.py --validation ...   # the TRAIN files only (30 % held out)
+  python benchmarks/pmt_pretraining.py --sets synthetic --variants pmt_cue pmt_cue_no_pcl full_cue \
+      --random-init-all --seeds 0 1 --probes cue         # the cue-retention claim (docs/pmt.md)
 
 ``--validation`` evaluates on a held-out 30 % of each TRAIN file, never the TEST file (for
 choosing settings); otherwise on the TEST file where the set has one (Wafer's copy has none:
-its held-out split). Runs go to --run-dir and are reused when their results exist (--fresh
-to redo). ``--extra`` adds overrides to every training run (e.g. a view to try).
+its held-out split). The set ``synthetic`` is the ``synthetic_series`` kind (``pmt:synthetic_*``
+configs, no files), scored on its test split (``--validation``: its eval split). Runs go to
+--run-dir and are reused when their results exist (--fresh to redo). ``--extra`` adds overrides
+to every training run (e.g. a view to try).
 """
 
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -25,10 +31,24 @@ from results_file import write_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UCR = os.path.join(os.path.dirname(REPO), "shared", "data", "ucr")
-VARIANTS = {"pmt": "tiny", "pmt_no_pcl": "tiny_no_pcl", "full_matched": "tiny_full_matched", "full": "tiny_full"}
+SYNTHETIC = "synthetic"
+# Variant -> the configs/pmt.py variant suffix; the config is pmt:tiny_SUFFIX (UCR sets) or pmt:synthetic_SUFFIX.
+VARIANTS = {"pmt": "", "pmt_no_pcl": "no_pcl", "full_matched": "full_matched", "full": "full",
+            "pmt_cue": "cue", "pmt_cue_no_pcl": "cue_no_pcl", "full_cue": "cue_full",
+            "full_matched_cue": "cue_full_matched"}
+# λ_PCL = 0 changes the loss, not the parameters: its random init is PMT's (same seed), so it has no
+# random-init control of its own.
+SAME_INIT = {"pmt_no_pcl": "pmt", "pmt_cue_no_pcl": "pmt_cue"}
+
+
+def config_name(name, variant):
+  size = SYNTHETIC if name == SYNTHETIC else "tiny"
+  return f"pmt:{size}_{VARIANTS[variant]}" if VARIANTS[variant] else f"pmt:{size}"
 
 
 def files(name, validation):
+  if name == SYNTHETIC:
+    return None, None
   train = os.path.join(UCR, name, f"{name}_TRAIN.tsv.gz")
   test = os.path.join(UCR, name, f"{name}_TEST.tsv.gz")
   return train, (None if validation or not os.path.exists(test) else test)
@@ -41,24 +61,37 @@ def run_one(args, name, variant, seed):
   if os.path.exists(os.path.join(run, "timing.json")) and not args.fresh:
     return _load(run, out)
   train, test = files(name, args.validation)
-  overrides = [f"data.train_file={train}", f"train.steps={args.steps}", f"train.seed={seed}",
-               f"train.run_dir={args.run_dir}", f"train.run_name={os.path.basename(run)}", *args.extra]
+  overrides = [f"train.steps={args.steps}", f"train.seed={seed}", f"train.run_dir={args.run_dir}",
+               f"train.run_name={os.path.basename(run)}", *args.extra]
+  if train:
+    overrides.append(f"data.train_file={train}")
   if test:
     overrides.append(f"data.eval_file={test}")
   python = sys.executable
-  start = time.perf_counter()
-  subprocess.run([python, "train.py", "--config", f"pmt:{VARIANTS[variant]}", *overrides], cwd=REPO, check=True,
+  start, cpu_start = time.perf_counter(), _child_cpu_seconds()
+  subprocess.run([python, "train.py", "--config", config_name(name, variant), *overrides], cwd=REPO, check=True,
                  stdout=subprocess.DEVNULL)
-  trained = time.perf_counter()
-  # Controls (raw, 1-NN, random init) once per set and seed: with the PMT run.
-  controls = "raw,1nn,random" if variant == "pmt" else "none"
-  probes = "linear,cue" if variant != "full" else "linear"
+  trained, cpu_trained = time.perf_counter(), _child_cpu_seconds()
+  # Controls once per set and seed: the raw series with the first variant, the random init with
+  # PMT (with every variant but λ_PCL = 0 under --random-init-all).
+  controls = ["raw", "1nn"] if variant == args.variants[0] else []
+  if variant == "pmt" or (args.random_init_all and variant not in SAME_INIT):
+    controls.append("random")
+  probes = args.probes or ("linear,cue" if variant != "full" else "linear")
+  split = ["--split", "test"] if name == SYNTHETIC and not args.validation else []
   subprocess.run([python, "eval.py", "--run", run, "--out", out, "--seeds", str(args.label_seeds),
-                  "--gaps", args.gaps, "--controls", controls, "--probes", probes], cwd=REPO, check=True,
-                 stdout=subprocess.DEVNULL)
-  timing = {"train_seconds": trained - start, "eval_seconds": time.perf_counter() - trained}
+                  "--gaps", args.gaps, "--controls", ",".join(controls) or "none", "--probes", probes, *split],
+                 cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+  timing = {"train_seconds": trained - start, "eval_seconds": time.perf_counter() - trained,
+            "train_cpu_seconds": cpu_trained - cpu_start, "eval_cpu_seconds": _child_cpu_seconds() - cpu_trained}
   json.dump(timing, open(os.path.join(run, "timing.json"), "w"))
   return _load(run, out)
+
+
+def _child_cpu_seconds():
+  """CPU seconds (user + system) of the finished child processes: what a run cost a shared machine."""
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
 
 
 def _load(run, out):
@@ -69,7 +102,7 @@ def rows_of(result, variant):
   """{row label: {"linear": ..., "cue": ...}}: the variant's own row and, for pmt, its controls."""
   rows = {variant: {k: result[k] for k in ("linear", "cue") if k in result}}
   for label, row in result.get("controls", {}).items():
-    rows["random init" if "random init" in label else label] = row
+    rows[f"{variant}, random init" if "random init" in label else label] = row
   return rows
 
 
@@ -94,8 +127,9 @@ def summarize(results):
         entry["fractions"][f] = {"accuracy": acc[0], "accuracy_std_over_seeds": acc[1], "labels": cell["labels"],
                                  "same_as": cell.get("same_as"), "pretraining_seeds": len(runs)}
       for g in runs[0].get("cue", {}):
-        auc = mean_std([r["cue"].get(g, {}).get("auc") for r in runs])
-        entry["cue"][g] = {"auc": auc[0], "auc_std_over_seeds": auc[1]}
+        per_seed = [r["cue"].get(g, {}).get("auc") for r in runs]
+        auc = mean_std(per_seed)
+        entry["cue"][g] = {"auc": auc[0], "auc_std_over_seeds": auc[1], "per_seed": per_seed}
   return table
 
 
@@ -119,6 +153,11 @@ def print_table(table, results, fractions):
       cues = [f"{entry['cue'][g]['auc']:>8.3f} ± {entry['cue'][g]['auc_std_over_seeds']:.2f}" if g in entry["cue"]
               else f"{'—':>14}" for g in gaps]
       print(f"{row:<28}" + "".join(cells) + "".join(cues))
+    for row, entry in rows.items():
+      if entry["cue"]:
+        print(f"  cue AUC per pre-training seed, {row}: " + "; ".join(
+            f"g={float(g):g} " + " / ".join(f"{a:.3f}" if a is not None else "–" for a in entry["cue"][g]["per_seed"])
+            for g in gaps if g in entry["cue"]))
     for (n, variant, seed), r in results.items():
       if n == name and r["gates"]:
         print(f"  gates after training, {variant} seed {seed}: " + "; ".join(
@@ -133,6 +172,10 @@ def main():
   parser.add_argument("--steps", type=int, default=150)
   parser.add_argument("--label-seeds", type=int, default=5, help="label subsets (and cue placements) per cell")
   parser.add_argument("--gaps", default="0,1,2", help="cue gaps in whole windows")
+  parser.add_argument("--probes", default=None,
+                      help="eval.py --probes for every run (default linear,cue; linear only for 'full')")
+  parser.add_argument("--random-init-all", action="store_true",
+                      help="a random-init control beside every variant (but λ_PCL = 0: PMT's init), not only pmt")
   parser.add_argument("--validation", action="store_true", help="held-out 30 %% of TRAIN, never TEST")
   parser.add_argument("--extra", nargs="*", default=[], help="overrides for every training run")
   parser.add_argument("--run-dir", default="runs/pmt_pretraining")
@@ -158,8 +201,10 @@ def main():
   table = summarize(results)
   fractions = sorted({float(f) for rows in table.values() for row in rows.values() for f in row["fractions"]})
   print_table(table, results, fractions)
-  runs = [{"set": name, "variant": variant, "seed": seed, "num_params": r["num_params"], "gates": r["gates"],
-           "train_seconds": r["train_seconds"], "eval_seconds": r["eval_seconds"], "step": r["step"],
+  runs = [{"set": name, "variant": variant, "seed": seed, "config": config_name(name, variant),
+           "num_params": r["num_params"], "gates": r["gates"], "train_seconds": r["train_seconds"],
+           "eval_seconds": r["eval_seconds"], "train_cpu_seconds": r.get("train_cpu_seconds"),
+           "eval_cpu_seconds": r.get("eval_cpu_seconds"), "step": r["step"],
            "train_series": r["train_series"], "eval_series": r["eval_series"]}
           for (name, variant, seed), r in results.items()]
   write_results("pmt_pretraining", {"command": " ".join(sys.argv), "steps": args.steps, "extra": args.extra,

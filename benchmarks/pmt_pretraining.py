@@ -21,10 +21,10 @@ to every training run (e.g. a view to try).
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from results_file import write_results
@@ -68,10 +68,9 @@ def run_one(args, name, variant, seed):
   if test:
     overrides.append(f"data.eval_file={test}")
   python = sys.executable
-  start, cpu_start = time.perf_counter(), _child_cpu_seconds()
-  subprocess.run([python, "train.py", "--config", config_name(name, variant), *overrides], cwd=REPO, check=True,
-                 stdout=subprocess.DEVNULL)
-  trained, cpu_trained = time.perf_counter(), _child_cpu_seconds()
+  start = time.perf_counter()
+  train_cpu = _run([python, "train.py", "--config", config_name(name, variant), *overrides])
+  trained = time.perf_counter()
   # Controls once per set and seed: the raw series with the first variant, the random init with
   # PMT (with every variant but λ_PCL = 0 under --random-init-all).
   controls = ["raw", "1nn"] if variant == args.variants[0] else []
@@ -79,18 +78,21 @@ def run_one(args, name, variant, seed):
     controls.append("random")
   probes = args.probes or ("linear,cue" if variant != "full" else "linear")
   split = ["--split", "test"] if name == SYNTHETIC and not args.validation else []
-  subprocess.run([python, "eval.py", "--run", run, "--out", out, "--seeds", str(args.label_seeds),
-                  "--gaps", args.gaps, "--controls", ",".join(controls) or "none", "--probes", probes, *split],
-                 cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+  eval_cpu = _run([python, "eval.py", "--run", run, "--out", out, "--seeds", str(args.label_seeds), "--gaps",
+                   args.gaps, "--controls", ",".join(controls) or "none", "--probes", probes, *split])
   timing = {"train_seconds": trained - start, "eval_seconds": time.perf_counter() - trained,
-            "train_cpu_seconds": cpu_trained - cpu_start, "eval_cpu_seconds": _child_cpu_seconds() - cpu_trained}
+            "train_cpu_seconds": train_cpu, "eval_cpu_seconds": eval_cpu}
   json.dump(timing, open(os.path.join(run, "timing.json"), "w"))
   return _load(run, out)
 
 
-def _child_cpu_seconds():
-  """CPU seconds (user + system) of the finished child processes: what a run cost a shared machine."""
-  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+def _run(command):
+  """Run a command in the checkout (stdout dropped); its CPU seconds (user + system): what it cost a
+  shared machine, whatever else runs (os.wait4 gives this child's own, also with --jobs > 1)."""
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
+  _, status, usage = os.wait4(process.pid, 0)
+  if os.waitstatus_to_exitcode(status):
+    raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), command)
   return usage.ru_utime + usage.ru_stime
 
 
@@ -180,13 +182,14 @@ def main():
   parser.add_argument("--extra", nargs="*", default=[], help="overrides for every training run")
   parser.add_argument("--run-dir", default="runs/pmt_pretraining")
   parser.add_argument("--fresh", action="store_true")
+  parser.add_argument("--jobs", type=int, default=1, help="cells run at once (each a train.py, then an eval.py)")
   parser.add_argument("--cached-only", action="store_true",
                       help="only the runs already in --run-dir (the table of an interrupted measurement)")
   parser.add_argument("--out", default=None,
                       help="JSON path (default benchmarks/results/pmt_pretraining_<backend>.json)")
   args = parser.parse_args()
 
-  results = {}
+  cells = []
   for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds
     for name in args.sets:
       for variant in args.variants:
@@ -194,10 +197,15 @@ def main():
         if args.cached_only and not os.path.exists(os.path.join(run, "timing.json")):
           print(f"{name} {variant} seed {seed}: not run (--cached-only)")
           continue
-        results[(name, variant, seed)] = run_one(args, name, variant, seed)
-        r = results[(name, variant, seed)]
-        print(f"{name} {variant} seed {seed}: train {r['train_seconds']:.0f} s, eval {r['eval_seconds']:.0f} s",
-              flush=True)
+        cells.append((name, variant, seed))
+
+  def one(cell):
+    r = run_one(args, *cell)
+    print(f"{' '.join(map(str, cell))}: train {r['train_seconds']:.0f} s, eval {r['eval_seconds']:.0f} s", flush=True)
+    return r
+
+  with ThreadPoolExecutor(args.jobs) as pool:  # each cell is its own train.py and eval.py processes
+    results = dict(zip(cells, pool.map(one, cells)))
   table = summarize(results)
   fractions = sorted({float(f) for rows in table.values() for row in rows.values() for f in row["fractions"]})
   print_table(table, results, fractions)

@@ -1,15 +1,22 @@
-"""PMT pre-training on a time-series classification file (UCR/UEA .tsv[.gz] or .npz).
+"""PMT pre-training on a time-series classification file (UCR/UEA .tsv[.gz] or .npz), or on
+generated series (``synthetic``).
 
   python train.py --config pmt:tiny data.train_file=Wafer_TRAIN.tsv.gz
   python train.py --config pmt:tiny_full data.train_file=...       # the full-attention baseline
   python train.py --config pmt:paper data.train_file=... data.eval_file=...   # GPU sizes
+  python train.py --config pmt:synthetic_cue                       # generated series, no file
   python eval.py --run runs/<run>                                  # linear and cue probes
 
-Variants (each size): "", _full, _full_matched, _stateless, _no_pcl (λ_PCL = 0), _cue
-(non-overlapping windows: the PMA the paper's cue-retention probe ran), _spec_views (the spec's
-views and PCL τ). ``_full`` is the paper's baseline (as many full-attention layers as PMA blocks,
-fewer parameters: a PMA block also holds the aggregator and a second MLP); ``_full_matched`` has
-twice the layers, near PMT's parameter count (tiny: 386k against 400k).
+Names are SIZE[_VARIANT...]. Sizes: tiny and paper read a file (``data.kind=series``);
+synthetic is the tiny model on the ``synthetic_series`` kind (2,048 generated training series,
+enough for in-batch negatives; lpcjax/data/synthetic_series.py), with its own batch and steps.
+Variants, which combine (``synthetic_cue_no_pcl``, ``tiny_cue_full``): "", _full, _full_matched,
+_stateless, _no_pcl (λ_PCL = 0), _cue (non-overlapping windows: the PMA the paper's
+cue-retention probe ran), _spec_views (the spec's views and PCL τ). ``_full`` is the paper's
+baseline (as many full-attention layers as PMA blocks, fewer parameters: a PMA block also holds
+the aggregator and a second MLP); ``_full_matched`` has twice the layers, near PMT's parameter
+count (tiny: 386k against 400k). With _cue, the full-attention baselines' final-window feature
+(the mean of that window's tokens) is read on the same non-overlapping windows.
 
 Gates (pmt-spec.md §9): the memory gates (``lpcjax.models.pmt.GATE_PATTERNS``) are their own
 parameter group (``train.gate_patterns``) with the spec's Adam b2 0.95 and clip 100, and a

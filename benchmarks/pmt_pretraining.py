@@ -123,11 +123,12 @@ def summarize(results):
   for rows in table.values():
     for entry in rows.values():
       runs = entry.pop("runs")
-      fractions = runs[0].get("linear", {}).get("fractions", {})
+      probed = [r for r in runs if "linear" in r]  # runs evaluated with --probes cue have no linear cells
+      fractions = probed[0]["linear"]["fractions"] if probed else {}
       for f, cell in fractions.items():
-        acc = mean_std([r["linear"]["fractions"][f]["accuracy"] for r in runs])
+        acc = mean_std([r["linear"]["fractions"][f]["accuracy"] for r in probed])
         entry["fractions"][f] = {"accuracy": acc[0], "accuracy_std_over_seeds": acc[1], "labels": cell["labels"],
-                                 "same_as": cell.get("same_as"), "pretraining_seeds": len(runs)}
+                                 "same_as": cell.get("same_as"), "pretraining_seeds": len(probed)}
       for g in runs[0].get("cue", {}):
         per_seed = [r["cue"].get(g, {}).get("auc") for r in runs]
         auc = mean_std(per_seed)

@@ -1,16 +1,21 @@
-"""Does PMT pre-training beat its controls? Pre-trains ``configs/pmt.py`` variants on UCR sets
-over several seeds through the commands users run (train.py, eval.py), then prints one table:
+"""Does PMT pre-training beat its controls? Pre-trains ``configs/pmt.py`` variants on UCR sets (or
+the generated ``synthetic`` set) over several seeds through the commands users run (train.py,
+eval.py), then prints one table:
 the linear probe at each label fraction for the raw-series controls (same probe, 1-NN), the
 random init, and each pre-trained variant (mean ± std over pre-training seeds of the means
 over label seeds), parameter counts, cue-retention AUC by gap, gate values and time per run.
 
   python benchmarks/pmt_pretraining.py --sets ECG200 GunPoint --seeds 0 1 --steps 150
   python benchmarks/pmt_pretraining.py --validation ...   # the TRAIN files only (30 % held out)
+  python benchmarks/pmt_pretraining.py --sets synthetic --variants pmt_cue pmt_cue_no_pcl full_cue \
+      --random-init-all --seeds 0 1 --probes cue         # the cue-retention claim (docs/pmt.md)
 
 ``--validation`` evaluates on a held-out 30 % of each TRAIN file, never the TEST file (for
 choosing settings); otherwise on the TEST file where the set has one (Wafer's copy has none:
-its held-out split). Runs go to --run-dir and are reused when their results exist (--fresh
-to redo). ``--extra`` adds overrides to every training run (e.g. a view to try).
+its held-out split). The set ``synthetic`` is the ``synthetic_series`` kind (``pmt:synthetic_*``
+configs, no files), scored on its test split (``--validation``: its eval split). Runs go to
+--run-dir and are reused when their results exist (--fresh to redo). ``--extra`` adds overrides
+to every training run (e.g. a view to try).
 """
 
 import argparse
@@ -19,16 +24,31 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from results_file import write_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UCR = os.path.join(os.path.dirname(REPO), "shared", "data", "ucr")
-VARIANTS = {"pmt": "tiny", "pmt_no_pcl": "tiny_no_pcl", "full_matched": "tiny_full_matched", "full": "tiny_full"}
+SYNTHETIC = "synthetic"
+# Variant -> the configs/pmt.py variant suffix; the config is pmt:tiny_SUFFIX (UCR sets) or pmt:synthetic_SUFFIX.
+VARIANTS = {"pmt": "", "pmt_no_pcl": "no_pcl", "full_matched": "full_matched", "full": "full",
+            "pmt_cue": "cue", "pmt_cue_no_pcl": "cue_no_pcl", "full_cue": "cue_full",
+            "full_matched_cue": "cue_full_matched"}
+# λ_PCL = 0 changes the loss, not the parameters: its random init is PMT's (same seed), so it has no
+# random-init control of its own.
+SAME_INIT = {"pmt_no_pcl": "pmt", "pmt_cue_no_pcl": "pmt_cue"}
+
+
+def config_name(name, variant):
+  size = SYNTHETIC if name == SYNTHETIC else "tiny"
+  return f"pmt:{size}_{VARIANTS[variant]}" if VARIANTS[variant] else f"pmt:{size}"
 
 
 def files(name, validation):
+  if name == SYNTHETIC:
+    return None, None
   train = os.path.join(UCR, name, f"{name}_TRAIN.tsv.gz")
   test = os.path.join(UCR, name, f"{name}_TEST.tsv.gz")
   return train, (None if validation or not os.path.exists(test) else test)
@@ -41,24 +61,39 @@ def run_one(args, name, variant, seed):
   if os.path.exists(os.path.join(run, "timing.json")) and not args.fresh:
     return _load(run, out)
   train, test = files(name, args.validation)
-  overrides = [f"data.train_file={train}", f"train.steps={args.steps}", f"train.seed={seed}",
-               f"train.run_dir={args.run_dir}", f"train.run_name={os.path.basename(run)}", *args.extra]
+  overrides = [f"train.steps={args.steps}", f"train.seed={seed}", f"train.run_dir={args.run_dir}",
+               f"train.run_name={os.path.basename(run)}", *args.extra]
+  if train:
+    overrides.append(f"data.train_file={train}")
   if test:
     overrides.append(f"data.eval_file={test}")
   python = sys.executable
   start = time.perf_counter()
-  subprocess.run([python, "train.py", "--config", f"pmt:{VARIANTS[variant]}", *overrides], cwd=REPO, check=True,
-                 stdout=subprocess.DEVNULL)
+  train_cpu = _run([python, "train.py", "--config", config_name(name, variant), *overrides])
   trained = time.perf_counter()
-  # Controls (raw, 1-NN, random init) once per set and seed: with the PMT run.
-  controls = "raw,1nn,random" if variant == "pmt" else "none"
-  probes = "linear,cue" if variant != "full" else "linear"
-  subprocess.run([python, "eval.py", "--run", run, "--out", out, "--seeds", str(args.label_seeds),
-                  "--gaps", args.gaps, "--controls", controls, "--probes", probes], cwd=REPO, check=True,
-                 stdout=subprocess.DEVNULL)
-  timing = {"train_seconds": trained - start, "eval_seconds": time.perf_counter() - trained}
+  # Controls once per set and seed: the raw series with the first variant, the random init with
+  # PMT (with every variant but λ_PCL = 0 under --random-init-all).
+  controls = ["raw", "1nn"] if variant == args.variants[0] else []
+  if variant == "pmt" or (args.random_init_all and variant not in SAME_INIT):
+    controls.append("random")
+  probes = args.probes or ("linear,cue" if variant != "full" else "linear")
+  split = ["--split", "test"] if name == SYNTHETIC and not args.validation else []
+  eval_cpu = _run([python, "eval.py", "--run", run, "--out", out, "--seeds", str(args.label_seeds), "--gaps",
+                   args.gaps, "--controls", ",".join(controls) or "none", "--probes", probes, *split])
+  timing = {"train_seconds": trained - start, "eval_seconds": time.perf_counter() - trained,
+            "train_cpu_seconds": train_cpu, "eval_cpu_seconds": eval_cpu}
   json.dump(timing, open(os.path.join(run, "timing.json"), "w"))
   return _load(run, out)
+
+
+def _run(command):
+  """Run a command in the checkout (stdout dropped); its CPU seconds (user + system): what it cost a
+  shared machine, whatever else runs (os.wait4 gives this child's own, also with --jobs > 1)."""
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
+  _, status, usage = os.wait4(process.pid, 0)
+  if os.waitstatus_to_exitcode(status):
+    raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), command)
+  return usage.ru_utime + usage.ru_stime
 
 
 def _load(run, out):
@@ -69,7 +104,7 @@ def rows_of(result, variant):
   """{row label: {"linear": ..., "cue": ...}}: the variant's own row and, for pmt, its controls."""
   rows = {variant: {k: result[k] for k in ("linear", "cue") if k in result}}
   for label, row in result.get("controls", {}).items():
-    rows["random init" if "random init" in label else label] = row
+    rows[f"{variant}, random init" if "random init" in label else label] = row
   return rows
 
 
@@ -88,14 +123,16 @@ def summarize(results):
   for rows in table.values():
     for entry in rows.values():
       runs = entry.pop("runs")
-      fractions = runs[0].get("linear", {}).get("fractions", {})
+      probed = [r for r in runs if "linear" in r]  # runs evaluated with --probes cue have no linear cells
+      fractions = probed[0]["linear"]["fractions"] if probed else {}
       for f, cell in fractions.items():
-        acc = mean_std([r["linear"]["fractions"][f]["accuracy"] for r in runs])
+        acc = mean_std([r["linear"]["fractions"][f]["accuracy"] for r in probed])
         entry["fractions"][f] = {"accuracy": acc[0], "accuracy_std_over_seeds": acc[1], "labels": cell["labels"],
-                                 "same_as": cell.get("same_as"), "pretraining_seeds": len(runs)}
+                                 "same_as": cell.get("same_as"), "pretraining_seeds": len(probed)}
       for g in runs[0].get("cue", {}):
-        auc = mean_std([r["cue"].get(g, {}).get("auc") for r in runs])
-        entry["cue"][g] = {"auc": auc[0], "auc_std_over_seeds": auc[1]}
+        per_seed = [r["cue"].get(g, {}).get("auc") for r in runs]
+        auc = mean_std(per_seed)
+        entry["cue"][g] = {"auc": auc[0], "auc_std_over_seeds": auc[1], "per_seed": per_seed}
   return table
 
 
@@ -119,6 +156,11 @@ def print_table(table, results, fractions):
       cues = [f"{entry['cue'][g]['auc']:>8.3f} ± {entry['cue'][g]['auc_std_over_seeds']:.2f}" if g in entry["cue"]
               else f"{'—':>14}" for g in gaps]
       print(f"{row:<28}" + "".join(cells) + "".join(cues))
+    for row, entry in rows.items():
+      if entry["cue"]:
+        print(f"  cue AUC per pre-training seed, {row}: " + "; ".join(
+            f"g={float(g):g} " + " / ".join(f"{a:.3f}" if a is not None else "–" for a in entry["cue"][g]["per_seed"])
+            for g in gaps if g in entry["cue"]))
     for (n, variant, seed), r in results.items():
       if n == name and r["gates"]:
         print(f"  gates after training, {variant} seed {seed}: " + "; ".join(
@@ -133,17 +175,22 @@ def main():
   parser.add_argument("--steps", type=int, default=150)
   parser.add_argument("--label-seeds", type=int, default=5, help="label subsets (and cue placements) per cell")
   parser.add_argument("--gaps", default="0,1,2", help="cue gaps in whole windows")
+  parser.add_argument("--probes", default=None,
+                      help="eval.py --probes for every run (default linear,cue; linear only for 'full')")
+  parser.add_argument("--random-init-all", action="store_true",
+                      help="a random-init control beside every variant (but λ_PCL = 0: PMT's init), not only pmt")
   parser.add_argument("--validation", action="store_true", help="held-out 30 %% of TRAIN, never TEST")
   parser.add_argument("--extra", nargs="*", default=[], help="overrides for every training run")
   parser.add_argument("--run-dir", default="runs/pmt_pretraining")
   parser.add_argument("--fresh", action="store_true")
+  parser.add_argument("--jobs", type=int, default=1, help="cells run at once (each a train.py, then an eval.py)")
   parser.add_argument("--cached-only", action="store_true",
                       help="only the runs already in --run-dir (the table of an interrupted measurement)")
   parser.add_argument("--out", default=None,
                       help="JSON path (default benchmarks/results/pmt_pretraining_<backend>.json)")
   args = parser.parse_args()
 
-  results = {}
+  cells = []
   for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds
     for name in args.sets:
       for variant in args.variants:
@@ -151,15 +198,22 @@ def main():
         if args.cached_only and not os.path.exists(os.path.join(run, "timing.json")):
           print(f"{name} {variant} seed {seed}: not run (--cached-only)")
           continue
-        results[(name, variant, seed)] = run_one(args, name, variant, seed)
-        r = results[(name, variant, seed)]
-        print(f"{name} {variant} seed {seed}: train {r['train_seconds']:.0f} s, eval {r['eval_seconds']:.0f} s",
-              flush=True)
+        cells.append((name, variant, seed))
+
+  def one(cell):
+    r = run_one(args, *cell)
+    print(f"{' '.join(map(str, cell))}: train {r['train_seconds']:.0f} s, eval {r['eval_seconds']:.0f} s", flush=True)
+    return r
+
+  with ThreadPoolExecutor(args.jobs) as pool:  # each cell is its own train.py and eval.py processes
+    results = dict(zip(cells, pool.map(one, cells)))
   table = summarize(results)
   fractions = sorted({float(f) for rows in table.values() for row in rows.values() for f in row["fractions"]})
   print_table(table, results, fractions)
-  runs = [{"set": name, "variant": variant, "seed": seed, "num_params": r["num_params"], "gates": r["gates"],
-           "train_seconds": r["train_seconds"], "eval_seconds": r["eval_seconds"], "step": r["step"],
+  runs = [{"set": name, "variant": variant, "seed": seed, "config": config_name(name, variant),
+           "num_params": r["num_params"], "gates": r["gates"], "train_seconds": r["train_seconds"],
+           "eval_seconds": r["eval_seconds"], "train_cpu_seconds": r.get("train_cpu_seconds"),
+           "eval_cpu_seconds": r.get("eval_cpu_seconds"), "step": r["step"],
            "train_series": r["train_series"], "eval_series": r["eval_series"]}
           for (name, variant, seed), r in results.items()]
   write_results("pmt_pretraining", {"command": " ".join(sys.argv), "steps": args.steps, "extra": args.extra,

@@ -1,15 +1,22 @@
-"""PMT pre-training on a time-series classification file (UCR/UEA .tsv[.gz] or .npz).
+"""PMT pre-training on a time-series classification file (UCR/UEA .tsv[.gz] or .npz), or on
+generated series (``synthetic``).
 
   python train.py --config pmt:tiny data.train_file=Wafer_TRAIN.tsv.gz
   python train.py --config pmt:tiny_full data.train_file=...       # the full-attention baseline
   python train.py --config pmt:paper data.train_file=... data.eval_file=...   # GPU sizes
+  python train.py --config pmt:synthetic_cue                       # generated series, no file
   python eval.py --run runs/<run>                                  # linear and cue probes
 
-Variants (each size): "", _full, _full_matched, _stateless, _no_pcl (λ_PCL = 0), _cue
-(non-overlapping windows: the PMA the paper's cue-retention probe ran), _spec_views (the spec's
-views and PCL τ). ``_full`` is the paper's baseline (as many full-attention layers as PMA blocks,
-fewer parameters: a PMA block also holds the aggregator and a second MLP); ``_full_matched`` has
-twice the layers, near PMT's parameter count (tiny: 386k against 400k).
+Names are SIZE[_VARIANT...]. Sizes: tiny and paper read a file (``data.kind=series``);
+synthetic is the tiny model on the ``synthetic_series`` kind (2,048 generated training series,
+enough for in-batch negatives; lpcjax/data/synthetic_series.py), with its own batch and steps.
+Variants, which combine (``synthetic_cue_no_pcl``, ``tiny_cue_full``): "", _full, _full_matched,
+_stateless, _no_pcl (λ_PCL = 0), _cue (non-overlapping windows: the PMA the paper's
+cue-retention probe ran), _spec_views (the spec's views and PCL τ). ``_full`` is the paper's
+baseline (as many full-attention layers as PMA blocks, fewer parameters: a PMA block also holds
+the aggregator and a second MLP); ``_full_matched`` has twice the layers, near PMT's parameter
+count (tiny: 386k against 400k). With _cue, the full-attention baselines' final-window feature
+(the mean of that window's tokens) is read on the same non-overlapping windows.
 
 Gates (pmt-spec.md §9): the memory gates (``lpcjax.models.pmt.GATE_PATTERNS``) are their own
 parameter group (``train.gate_patterns``) with the spec's Adam b2 0.95 and clip 100, and a
@@ -27,7 +34,7 @@ Adam (0.9, 0.999), lr 2e-4 cosine to 2e-5, no weight decay, batch 32, clip 50, 2
 import dataclasses
 
 from lpcjax.experiment import ExperimentConfig
-from lpcjax.data import SeriesDataConfig
+from lpcjax.data import SeriesDataConfig, SyntheticSeriesConfig
 from lpcjax.models import PMTConfig
 from lpcjax.models.pmt import GATE_PATTERNS, PMTTrainConfig
 
@@ -48,18 +55,40 @@ SPEC_VIEWS = dict(view_noise=(0.01, 0.03), view_scale=(0.0, 0.0), view_mask=(0.0
 VARIANTS = {"": {}, "_full": {"attention": "full"}, "_full_matched": {"attention": "full", "num_blocks": 6},
             "_stateless": {"memory": "stateless"}, "_no_pcl": {"pcl_weight": 0.0},
             "_cue": {"window_stride_fraction": 1.0}, "_spec_views": SPEC_VIEWS}
+SIZES = ("tiny", "synthetic", "paper")
+# The synthetic recipe (docs/pmt.md, "Cue retention on generated series"): the tiny model on 2,048
+# generated series of 128 samples (31 tokens; _cue: 5 windows of 6), batches of 32 as in the spec (ICL:
+# 62 in-batch negatives; PCL: 31 x 5 = 155 windows of other series for its 128), 200 steps (a CPU's).
+SYNTHETIC_BATCH, SYNTHETIC_STEPS = 32, 200
+
+
+def _variant_fields(text, name):
+  """The merged fields of the variants spelled by ``text`` ("cue_no_pcl" -> _cue, _no_pcl), the
+  longest name first ("full_matched" is one variant, not _full then "matched")."""
+  fields, rest = {}, text
+  while rest:
+    match = max((v for v in VARIANTS if v and (rest == v[1:] or rest.startswith(v[1:] + "_"))), key=len, default=None)
+    if match is None or set(VARIANTS[match]) & set(fields):
+      raise ValueError(f"unknown pmt config {name!r}: SIZE[_VARIANT...], sizes {list(SIZES)}; variants "
+                       f"{sorted(VARIANTS)} (each at most once, no two setting one field)")
+    fields.update(VARIANTS[match])
+    rest = rest[len(match):].lstrip("_")
+  return fields
 
 
 def get_config(name="tiny"):
   size, _, variant = name.partition("_")  # "tiny_full_matched" -> ("tiny", "full_matched")
-  variant = f"_{variant}" if variant else ""
-  if size not in ("tiny", "paper") or variant not in VARIANTS:
-    raise ValueError(f"unknown pmt config {name!r}; sizes tiny, paper; variants {sorted(VARIANTS)}")
-  model = dataclasses.replace(TINY if size == "tiny" else PAPER, **VARIANTS[variant])
+  if size not in SIZES:
+    raise ValueError(f"unknown pmt config {name!r}; sizes {list(SIZES)}; variants {sorted(VARIANTS)}")
+  model = dataclasses.replace(PAPER if size == "paper" else TINY, **_variant_fields(variant, name))
   if size == "tiny":
     data = SeriesDataConfig(batch_size=32)
     train = PMTTrainConfig(steps=300, learning_rate=1e-3, warmup_steps=20, weight_decay=0.0, log_every=25,
                            eval_batches=0, **GATES)
+  elif size == "synthetic":
+    data = SyntheticSeriesConfig(batch_size=SYNTHETIC_BATCH)
+    train = PMTTrainConfig(steps=SYNTHETIC_STEPS, learning_rate=1e-3, warmup_steps=20, weight_decay=0.0,
+                           log_every=25, eval_batches=4, **GATES)  # held-out losses on 128 series
   else:
     data = SeriesDataConfig(batch_size=32)
     train = PMTTrainConfig(steps=200_000, learning_rate=2e-4, min_learning_rate=2e-5, warmup_steps=500,

@@ -1,5 +1,6 @@
 """Data: registered data kinds (``data.kind``: MQAR, text files, prepared token files,
-time-series classification files, and any a family adds) and the Grain pipelines over them.
+time-series classification files, generated series, and any a family adds) and the Grain
+pipelines over them.
 
 ``make_dataset(data_config, seed, split)`` gives this process's batches as a grain.MapDataset;
 ``make_iterator`` turns it into a checkpointable, prefetching iterator. A batch is a dict of
@@ -18,6 +19,7 @@ from .prepare import load_token_file, prepare
 from .registry import DataKind, get, names, register, source_of
 from .series import SeriesDataConfig, SeriesSource, read_series
 from .subsets import stratified_subset
+from .synthetic_series import SyntheticSeriesConfig, SyntheticSeriesSource, synthetic_series
 from .text import tokenize_files
 from .tokenizer import TokenizerError, load_gpt2_tokenizer
 from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource,
@@ -25,8 +27,9 @@ from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenW
 
 __all__ = ["DataError", "DataKind", "DelayedIdConfig", "FuzzyRecallConfig", "GeneratedConfig",
            "GeneratedSource", "MQARDataConfig", "MQARSource", "NoisyRecallConfig", "OverwriteConfig",
-           "PaddedEvalSource", "SelectiveCopyConfig", "SeriesDataConfig", "SeriesSource", "TASK_KINDS",
+           "PaddedEvalSource", "SelectiveCopyConfig", "SeriesDataConfig", "SeriesSource", "SyntheticSeriesConfig",
+           "SyntheticSeriesSource", "TASK_KINDS",
            "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource", "TokenizerError",
            "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator", "make_source",
            "mqar_example", "names", "prepare", "read_series", "register", "source_of", "stratified_subset",
-           "tokenize_files", "with_tokenizer"]
+           "synthetic_series", "tokenize_files", "with_tokenizer"]

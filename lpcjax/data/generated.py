@@ -10,6 +10,8 @@ any example can be regenerated on any process without the ones before it.
 
 Three splits: ``train``, ``eval`` (the trainer's held-out evaluation; the mechanism suite picks
 its learning rate on it) and ``test`` (eval.py ``--split test``: the figures that are reported).
+``example_rng`` is that seeding, shared with the generated kinds that are not token tasks
+(``synthetic_series``).
 """
 
 import dataclasses
@@ -22,6 +24,13 @@ from lpcjax.config import DataConfig, require
 from .registry import DataKind, register
 
 SPLITS = {"train": 0, "eval": 1, "test": 2}
+
+
+def example_rng(seed, split, index):
+  """The RNG of example ``index`` of ``split``: a function of (seed, split, index) alone."""
+  if split not in SPLITS:
+    raise ValueError(f"split {split!r}: generated data has the splits {sorted(SPLITS)}")
+  return np.random.default_rng([seed, SPLITS[split], index])
 
 
 def distance_bucket(distance):
@@ -54,16 +63,14 @@ class GeneratedSource:
   infinite = True
 
   def __init__(self, example_fn, data_config, seed, split):
-    if split not in SPLITS:
-      raise ValueError(f"split {split!r}: generated data has the splits {sorted(SPLITS)}")
-    self.example_fn, self.config, self.seed, self.split_id = example_fn, data_config, seed, SPLITS[split]
+    example_rng(seed, split, 0)  # an unknown split fails here, not at the first example
+    self.example_fn, self.config, self.seed, self.split = example_fn, data_config, seed, split
 
   def __len__(self):
     return 2**31 - 1  # effectively infinite: every index is a fresh example
 
   def __getitem__(self, index):
-    rng = np.random.default_rng([self.seed, self.split_id, index])
-    tokens, loss_mask, buckets = self.example_fn(rng, self.config)
+    tokens, loss_mask, buckets = self.example_fn(example_rng(self.seed, self.split, index), self.config)
     return {"inputs": tokens[:-1], "targets": tokens[1:], "loss_mask": loss_mask, "answer_bucket": buckets}
 
 

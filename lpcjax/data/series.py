@@ -186,7 +186,7 @@ class SeriesSource:
   def __init__(self, config, seed, split):
     del seed  # the held-out split uses config.split_seed
     if split not in ("train", "eval"):
-      raise DataError(f"data: unknown split {split!r}; expected 'train' or 'eval'")
+      raise DataError(f"data: unknown split {split!r}; a series file has 'train' and 'eval' (its eval_file)")
     if not config.train_file:
       raise ConfigError("data.train_file: required: a file ending in " + ", ".join(SUFFIXES))
     x, raw = read_series(config.train_file)

@@ -23,6 +23,9 @@ beside the controls a reader needs to judge them.
   A gap that does not fit a series leaves that series out (all of them: the gap is skipped),
   with a one-line warning.
 
+``--split test`` scores the probes on the test split of a generated kind (``synthetic_series``;
+``eval``, the default, is the one a ``series`` file has: its eval_file or held-out part).
+
 ``--random-init`` evaluates only the fresh-weight architecture, and writes to RUN/eval_random_init
 (beside RUN/eval, never over it). Results: ``series_probes.json`` and two plots (probe accuracy,
 AUC against gap) in the output folder, with the gate values and parameter count of each run.
@@ -70,6 +73,8 @@ class SeriesEvaluator:
                         help="paper: whole windows, within each series' valid length; overlap: window strides")
     parser.add_argument("--random-init", action="store_true",
                         help="only the fresh-weight architecture (written to RUN/eval_random_init)")
+    parser.add_argument("--split", choices=("eval", "test"), default="eval",
+                        help="the split the probes are scored on (test: generated series only)")
     parser.add_argument("--feature-batch", type=int, default=64, help="series per forward pass")
 
   def out_name(self, options):
@@ -78,7 +83,9 @@ class SeriesEvaluator:
 
   def evaluate(self, run, options):
     config = run.config
-    splits = {split: data.make_source(config.data, config.train.seed, split) for split in ("train", "eval")}
+    # The probes fit on "train" and score on "eval", whichever split --split names as that one.
+    splits = {name: data.make_source(config.data, config.train.seed, split)
+              for name, split in (("train", "train"), ("eval", options.split))}
     probes = set(options.probes.split(","))
     unknown = (probes - {"linear", "cue"}) | (set(options.controls) - set(CONTROLS))
     if unknown:
@@ -93,6 +100,7 @@ class SeriesEvaluator:
     variables = fresh if options.random_init else run.variables
     label = config.name + (" (random init)" if options.random_init else "")
     result = {"run": run.run_dir, "label": label, "step": 0 if options.random_init else run.step,
+              "split": options.split,
               "train_series": len(splits["train"]), "eval_series": len(splits["eval"]),
               "num_params": int(sum(np.size(p) for p in jax.tree.leaves(variables["params"]))),
               "gates": gate_values(variables["params"]["pma"]) if "pma" in variables["params"] else {},
@@ -124,7 +132,7 @@ class SeriesEvaluator:
 
   def report(self, result):
     lines = [f"{result['label']} (step {result['step']}, {result['num_params']} parameters): "
-             f"{result['train_series']} training / {result['eval_series']} evaluation series"]
+             f"{result['train_series']} training / {result['eval_series']} {result['split']} series"]
     for label, row in _rows(result).items():
       lines.append(f" {label}:")
       for fraction, cell in row.get("linear", {}).get("fractions", {}).items():

@@ -314,8 +314,9 @@ class PMTTrainConfig(TrainConfig):
     return self.lr_scales
 
 
-register(Family("pmt", PMTConfig, PMT, loss=pmt_loss, example_inputs=series_inputs, data_kinds=("series",),
-                check=check_series, evaluator=SeriesEvaluator, mutable=("batch_stats",), rng_streams=("dropout",),
+register(Family("pmt", PMTConfig, PMT, loss=pmt_loss, example_inputs=series_inputs,
+                data_kinds=("series", "synthetic_series"), check=check_series, evaluator=SeriesEvaluator,
+                mutable=("batch_stats",), rng_streams=("dropout",),
                 throughput_unit="series", units_per_example=lambda config: 1, train_config_cls=PMTTrainConfig,
                 no_decoding_reason="it is a time-series encoder (real-valued patches in, representations out), "
                                    "not a language model: there are no tokens to draw"))

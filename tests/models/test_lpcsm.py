@@ -250,6 +250,12 @@ def test_a_short_run_moves_mhc_and_rho_and_the_fixed_arm_keeps_its_rate():
     assert np.abs(np.asarray(after[name]) - np.asarray(before[name])).max() > 1e-3, name
   transport = lambda mhc: jax.vmap(sinkhorn)(mhc["res_logits"])
   assert np.abs(transport(after) - transport(before)).max() > 1e-4
+  # The memory's reads start at zero, so its pooling query and decay shifts get no gradient at
+  # step 0 (zero times zero); once the reads move, they must too.
+  memory0, memory = params0["layers"]["memory"], params["layers"]["memory"]
+  for name in ("pool_query", "fast_decay_shift", "slow_decay_shift", "read_fast", "read_slow"):
+    moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(), memory[name], memory0[name])
+    assert max(jax.tree.leaves(moved)) > 1e-4, name
   assert _stream_spread(streams) > 0.05
   ratio = bounded(params["layers"]["controller"]["ratio_logit"], TINY.ratio_min, TINY.ratio_max)
   assert np.abs(np.asarray(ratio) - TINY.ratio_init).max() > 1e-2 and np.all((0.05 <= ratio) & (ratio <= 0.5))

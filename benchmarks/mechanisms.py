@@ -54,6 +54,7 @@ GROUPS = {
     "delayed_id_near": ("delayed_id_near", ["lpcsm", "sith", "sith_delta", "lpcsm_no_slow", "lpcsm_no_ont",
                                             "lpcsm_mean_memory", "lpcsm_full_window", "transformer_pro", "fox_pro",
                                             "lpcsm_no_pc", "lpcsm_no_mhc", "lpcsm_no_stop"], (1,)),
+    "delayed_id_repeat": ("delayed_id_repeat", ["sith", "sith_delta", "transformer_pro", "lpcsm"], (1,)),
     "mqar": ("mqar", ["fox_pro", "transformer_pro", "fox", "transformer", "transformer_nope", "lpcsm"], (1, 2, 4)),
     "noisy_recall": ("noisy_recall", ["fox_pro", "transformer_pro"], (1,)),
     "fuzzy_recall": ("fuzzy_recall", ["fox_pro", "transformer_pro"], (1,)),
@@ -105,10 +106,12 @@ class Job:
 
 
 def pairs(groups, models):
+  """(task, model, lengths) in priority order: the groups' order, and within a group the order of
+  ``models`` when given (else the group's own)."""
   for group in groups:
     task, names, lengths = GROUPS[group]
-    for model in names:
-      if not models or model in models:
+    for model in (models or names):
+      if model in names:
         yield task, model, lengths
 
 
@@ -261,12 +264,13 @@ def markdown(table, seeds):
     lines.append(f"| {task} | {model} | {cell['lr']:g} | {mean} | {per_seed} | {100 * chance:.1f}% | {sweep} |")
   extrapolated = [(key, cell) for key, cell in table.items() if "2" in next(iter(cell["seeds"].values()))["test"]]
   if extrapolated:
-    lines += ["", "Length extrapolation (trained at L, test accuracy at L / 2L / 4L, mean over the seeds):", "",
-              "| task | model | L | 2L | 4L |", "|---|---|---|---|---|"]
+    lines += ["", "Length extrapolation (trained at L, test accuracy at L / 2L / 4L, mean (min–max) over the seeds):",
+              "", "| task | model | seeds | L | 2L | 4L |", "|---|---|---|---|---|---|"]
     for (task, model), cell in extrapolated:
       runs = list(cell["seeds"].values())
-      means = [sum(_test(r, m) for r in runs) / len(runs) for m in ("1", "2", "4") if all(m in r["test"] for r in runs)]
-      lines.append(f"| {task} | {model} | " + " | ".join(f"{100 * v:.1f}%" for v in means) + " |")
+      spread = lambda v: f"{100 * sum(v) / len(v):.1f}% ({100 * min(v):.1f}–{100 * max(v):.1f})"
+      columns = [spread([_test(r, m) for r in runs]) for m in ("1", "2", "4") if all(m in r["test"] for r in runs)]
+      lines.append(f"| {task} | {model} | {len(runs)} | " + " | ".join(columns) + " |")
   return "\n".join(lines)
 
 
@@ -331,7 +335,7 @@ def write_report(runs, seeds, doc):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--groups", nargs="+", default=list(GROUPS), choices=list(GROUPS), help="in this order")
-  parser.add_argument("--models", nargs="+", default=None, help="only these models of the groups")
+  parser.add_argument("--models", nargs="+", default=None, help="only these models of the groups, in this order")
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--steps", type=int, default=suite.STEPS)
   parser.add_argument("--jobs", type=int, default=1, help="runs at a time")

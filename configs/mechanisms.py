@@ -11,6 +11,8 @@ TASK (all 128 tokens, batch 32, vocabulary 256, scored only at the answers):
   delayed_id      1-8 identifiers, 96 distractor tokens, a trigger, the identifiers again
   delayed_id_near the same with a 72-token gap: past what LPC-SM's two 32-token window layers reach
                   together (64 tokens) and SITH's delta control (27), inside SITH's compressed reach (91)
+  delayed_id_repeat  1-4 identifiers each written 6 times in a row, the 72-token gap, recalled once:
+                  an identifier that fills a share of a SITH slot's span (a lone one is ~1/15 of it)
   noisy_recall    MAD's noisy in-context recall (8 keys, 20 % noise tokens)
   fuzzy_recall    MAD's fuzzy recall (keys and values of 2 tokens, 8 entries)
   selective_copy  MAD's selective copying (16 tokens among blanks)
@@ -51,6 +53,10 @@ TASKS = {
                                   delayed_id_gap=96),
     "delayed_id_near": DelayedIdConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB,
                                        delayed_id_max_ids=8, delayed_id_gap=72),
+    # SITH's claim at a resolution its slots have: each identifier written 6 times in a row (the
+    # slots at 40-70 tokens back average ~15 tokens each), 1-4 of them, 72 tokens before the trigger
+    "delayed_id_repeat": DelayedIdConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB,
+                                         delayed_id_max_ids=4, delayed_id_gap=72, delayed_id_repeat=6),
     "noisy_recall": NoisyRecallConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, noisy_num_keys=8),
     "fuzzy_recall": FuzzyRecallConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB, fuzzy_num_keys=8),
     "selective_copy": SelectiveCopyConfig(seq_len=SEQ_LEN, batch_size=BATCH, task_vocab_size=VOCAB,
@@ -81,7 +87,7 @@ MODELS = {
     "sith_delta": SITHConfig(**_SIZE, mlp_dim=256, num_filters=27, chunk_len=32, delta_pulse=True),
 }
 # Models that predict only the last m tokens of a sequence: the tasks whose answers end it.
-END_ANSWER_TASKS = ("delayed_id", "delayed_id_near", "selective_copy")
+END_ANSWER_TASKS = ("delayed_id", "delayed_id_near", "delayed_id_repeat", "selective_copy")
 LEARNING_RATES = (1e-3, 3e-3, 1e-2)  # the sweep of benchmarks/mechanisms.py
 STEPS = 400
 

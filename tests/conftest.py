@@ -16,6 +16,22 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # On GPUs float32 matmuls default to TF32; the tests compare float32 results to ~1e-5.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
+# Many tests compile the same tiny functions (a model's train step, a kernel at one shape), in
+# this process, the other xdist worker and the train.py subprocesses: a persistent compilation
+# cache shared by all of them for this session compiles each once (a third off the model tests'
+# time, measured). The directory is new per session, made by the first process that imports this
+# file (xdist's controller; its workers and subprocesses inherit the variable) and removed by it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit
+  import shutil
+  import tempfile
+
+  _cache = tempfile.mkdtemp(prefix="lpcjax-test-jax-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  _owner = os.getpid()
+  atexit.register(lambda: os.getpid() == _owner and shutil.rmtree(_cache, ignore_errors=True))
+
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -64,6 +80,16 @@ FIXTURES = REPO / "tests" / "fixtures"
 TEXT = FIXTURES / "text" / "shakespeare.txt"  # plain UTF-8, LF
 BOOK = FIXTURES / "text" / "frankenstein_letter1.txt.gz"  # as Project Gutenberg stores it: BOM, CRLF
 UCR = FIXTURES / "ucr"
+
+
+@pytest.fixture
+def no_persistent_cache():
+  """For a test that counts backend compilations: a hit in the session's cache skips one."""
+  import jax
+
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", True)
 
 
 @pytest.fixture

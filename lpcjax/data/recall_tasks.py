@@ -103,7 +103,8 @@ def overwrite_example(rng, cfg):
 @dataclasses.dataclass(frozen=True)
 class DelayedIdConfig(TaskConfig):
   """Distractor tokens [2, V/2), identifiers [V/2, V) (distinct in an example), trigger 1:
-  ``... distractor, id_1 .. id_k, distractor (gap), trigger, id_1 .. id_k`` ending the sequence."""
+  ``... distractor, id_1 .. id_k, distractor (gap), trigger, id_1 .. id_k`` ending the sequence
+  (with ``delayed_id_repeat`` r: ``id_1 x r .. id_k x r`` first)."""
 
   kind: ClassVar[str] = "delayed_id"
   answer_bucket_name: ClassVar[str] = "identifiers"
@@ -111,14 +112,21 @@ class DelayedIdConfig(TaskConfig):
   delayed_id_min_ids: int = 1
   delayed_id_max_ids: int = 8
   delayed_id_gap: int = 0  # 0: the identifiers start the sequence (the longest gap it allows)
+  # Each identifier written this many times in a row where it first appears (recalled once): a
+  # memory that keeps only a blurred past (SITH's slots average ~15 tokens at this range) can
+  # carry an identifier that fills a share of its span, not a lone one.
+  delayed_id_repeat: int = 1
 
   def __post_init__(self):
     super().__post_init__()
-    low, high, gap = self.delayed_id_min_ids, self.delayed_id_max_ids, self.delayed_id_gap
+    low, high, gap, repeat = self.delayed_id_min_ids, self.delayed_id_max_ids, self.delayed_id_gap, self.delayed_id_repeat
     require(1 <= low <= high, "data.delayed_id_min_ids", f"must be in [1, delayed_id_max_ids={high}], got {low}")
     require(gap >= 0, "data.delayed_id_gap", f"must be >= 0, got {gap}")
-    require(2 * high + 1 + max(gap, 1) <= self.seq_len + 1, "data.delayed_id_gap",
-            f"{high} identifiers twice, a trigger and a gap of {max(gap, 1)} need seq_len >= {2 * high + max(gap, 1)}")
+    require(repeat >= 1, "data.delayed_id_repeat", f"must be >= 1, got {repeat}")
+    need = (repeat + 1) * high + max(gap, 1)
+    require(need + 1 <= self.seq_len + 1, "data.delayed_id_gap",
+            f"{high} identifiers ({repeat} times each, then once), a trigger and a gap of {max(gap, 1)} "
+            f"need seq_len >= {need}")
     require_vocab(self, 2 * high + 4, f"{high} distinct identifiers")
 
   @property
@@ -131,10 +139,10 @@ def delayed_id_example(rng, cfg):
   count = int(rng.integers(cfg.delayed_id_min_ids, cfg.delayed_id_max_ids + 1))
   ids = rng.choice(np.arange(half, cfg.task_vocab_size), size=count, replace=False)
   tokens = rng.integers(2, half, size=size).astype(np.int32)  # the distractor everywhere else
-  recall = size - count
-  gap = cfg.delayed_id_gap or recall - 1 - count
-  first = recall - 1 - gap - count
-  tokens[first:first + count] = ids
+  recall, written = size - count, count * cfg.delayed_id_repeat
+  gap = cfg.delayed_id_gap or recall - 1 - written
+  first = recall - 1 - gap - written
+  tokens[first:first + written] = np.repeat(ids, cfg.delayed_id_repeat)
   tokens[recall - 1] = 1
   tokens[recall:] = ids
   answers = np.arange(recall - 1, size - 1)  # the trigger and id_1 .. id_{k-1} predict the next id

@@ -99,6 +99,18 @@ def test_delayed_id_recalls_the_identifiers_after_the_gap():
   assert counts == set(range(1, 7))
 
 
+def test_delayed_id_repeat_writes_each_identifier_in_a_run_and_recalls_it_once():
+  cfg = DelayedIdConfig(seq_len=64, batch_size=4, task_vocab_size=64, delayed_id_max_ids=3, delayed_id_gap=20,
+                        delayed_id_repeat=4)
+  for inputs, targets, answers, _ in examples(cfg, 20):
+    k = len(answers)
+    tokens = np.append(inputs, targets[-1])
+    ids = tokens[-k:]
+    first = cfg.seq_len + 1 - k - 1 - 20 - 4 * k
+    np.testing.assert_array_equal(tokens[first:first + 4 * k], np.repeat(ids, 4))
+    assert (tokens[:first] < 32).all() and (tokens[first + 4 * k:-k - 1] < 32).all()
+
+
 def _dictionary_reading(inputs, targets, key_len, value_len, is_key):
   """Positions predicting a value token of an entry seen before, read by scanning the tokens."""
   tokens = np.append(inputs, targets[-1])
@@ -154,6 +166,9 @@ def test_selective_copy_outputs_the_content_in_order():
     (lambda: OverwriteConfig(seq_len=16, overwrite_num_keys=8), "data.overwrite_num_keys"),
     (lambda: DelayedIdConfig(seq_len=32, delayed_id_max_ids=8, delayed_id_gap=20), "data.delayed_id_gap"),
     (lambda: DelayedIdConfig(seq_len=64, delayed_id_min_ids=5, delayed_id_max_ids=4), "data.delayed_id_min_ids"),
+    (lambda: DelayedIdConfig(seq_len=64, delayed_id_max_ids=4, delayed_id_gap=45, delayed_id_repeat=4),
+     "data.delayed_id_gap"),
+    (lambda: DelayedIdConfig(seq_len=64, delayed_id_repeat=0), "data.delayed_id_repeat"),
     (lambda: DelayedIdConfig(seq_len=64, task_vocab_size=16, delayed_id_max_ids=8), "data.task_vocab_size"),
     (lambda: NoisyRecallConfig(noisy_noise_fraction=1.0), "data.noisy_noise_fraction"),
     (lambda: FuzzyRecallConfig(seq_len=8, fuzzy_key_len=3, fuzzy_value_len=3), "data.seq_len"),

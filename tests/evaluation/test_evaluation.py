@@ -85,7 +85,7 @@ def test_roll_moves_inputs_targets_and_mask_together():
 
 
 @pytest.mark.parametrize("family", ["fox", "transformer"])
-def test_eval_at_four_times_the_training_length_compiles_once(runs, family, tmp_path):
+def test_eval_at_four_times_the_training_length_compiles_once(runs, family, tmp_path, no_persistent_cache):
   compiles = []
   jax.monitoring.register_event_duration_secs_listener(
       lambda event, duration, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None)

@@ -85,7 +85,7 @@ def test_reference_matches_float64_product_form(window):
 
 
 @pytest.mark.parametrize("impl", BACKENDS)
-@settings(max_examples=20, deadline=None, derandomize=True,
+@settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(batch=st.integers(1, 2), seq_len=st.integers(1, 70), heads=st.integers(1, 3),
        head_dim=st.sampled_from([16, 32]), block=st.sampled_from([8, 16, 32]),

@@ -15,10 +15,11 @@ sum, c_t = sum_{u <= t} log f_u:
   shard boundaries correctly.
 * The ring: K, V, c and the segment ids of every shard visit every device (``ppermute`` one
   step around the context axis, sent before the step's compute so that XLA may overlap the two);
-  each device attends from its queries to the visiting keys with the blockwise kernels of
-  xla_blockwise.py, whose loop bounds follow the global positions (a pair of blocks that
-  causality or the window rules out costs no tile), and merges the partial results by their
-  log-normalizers.
+  each device attends from its queries to the visiting keys with the pair kernels of the
+  backend (``Backend.pair_kernels``: the blockwise kernels of xla_blockwise.py, or the Pallas
+  and Triton GPU kernels through gpu_calls.py), whose loop bounds follow the global positions
+  (a pair of blocks that causality or the window rules out costs no tile), and merges the
+  partial results by their log-normalizers.
 * Load balance. Causal attention gives the device with the last shard N times the work of the
   first. Without a window the sequence is therefore cut into 2N chunks and device d holds chunks
   d and 2N - 1 - d (one from the front, one from the back), so every ring step costs every
@@ -39,10 +40,15 @@ sum, c_t = sum_{u <= t} log f_u:
 Grouped-query attention (gqa.py): k, v carry H key/value heads, q and the gate HQ; what travels
 around the ring is K and V at H heads (the keys' c and segment ids stay per query head: no
 head_dim), and so are dK and dV on the way back, already summed over each group by the pair
-kernels (xla_blockwise.py). The ring's traffic in K, V, dK, dV therefore scales with H.
+kernels (xla_blockwise.py; the GPU kernels' glue, gpu_calls.py). The ring's traffic in K, V,
+dK, dV therefore scales with H.
 
-The block pairs run the plain-JAX blockwise kernels on every platform (the Pallas kernels have
-no position offsets yet). Communication per layer, forward: N - 1 steps of K, V (and c, ids);
+Which kernels run the block pairs: ``impl`` names a backend with pair kernels ("xla",
+"pallas", "triton"), or "auto" picks the first of the table that runs natively here, as on
+one device (backends.py): the Pallas GPU kernel on a GPU, the blockwise XLA kernels elsewhere
+(the TPU kernel has no pair kernels yet). The backend fits its own tiles to a chunk
+(``PairKernels.block_sizes``: the GPU kernels' are at least 16), and each chunk is padded to
+a multiple of the largest. Communication per layer, forward: N - 1 steps of K, V (and c, ids);
 backward: N - 1 steps of K, V, dK, dV (and c, ids, dc); bf16 adds one K, V ring for the row term.
 """
 

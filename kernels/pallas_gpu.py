@@ -28,7 +28,10 @@ Block pairs (gpu_calls.py). Every kernel reads the rows' and the columns' c, seg
 global first positions separately (the program's own side through a block spec, the swept
 side whole), and its loop bounds come from the global positions (block_sizes.py's ranges),
 so the same kernels serve one device (the sequence with itself, offsets 0) and the
-context-parallel ring's chunk pairs (``pair_kernels`` on the Backend entry). On one device q,
+context-parallel ring's chunk pairs (``pair_kernels`` on the Backend entry). One device is a
+compile-time special case (``Static.pair`` False): one whole set of vectors serves both sides
+and there is no offsets operand, so its kernels keep the registers they had before the pairs
+(benchmarks/triton_compile.py: spills within a few bytes of them). On one device q,
 k, v and o stay in the caller's [batch, seq, heads, head_dim] layout (block specs pick one
 head per program); the ring's chunks are heads-major [batch, heads, seq, head_dim], which
 only the block specs see. The per-position vectors (c, segment ids, lse, delta, dc) are
@@ -141,10 +144,15 @@ class _Side(NamedTuple):
   seg: object
 
 
-def _refs(refs):
-  """The eight refs every kernel reads after q, k, v (rows' c, c_lo, ids; columns' c, c_lo,
-  ids; threshold; offsets) as (rows, columns, threshold, offsets), and the rest."""
-  return _Side(refs[0:2], refs[2]), _Side(refs[3:5], refs[5]), refs[6], refs[7], refs[8:]
+def _refs(refs, pair):
+  """The refs every kernel reads after q, k, v as (rows, columns, threshold, offsets), and the
+  rest. A pair: rows' c, c_lo, ids (blocks or whole, by the program's side), columns' c, c_lo,
+  ids, threshold, offsets. One device: one whole set of c, c_lo, ids for both sides and the
+  threshold; offsets None (0): fewer live pointers, as before the pairs (the kernels' registers)."""
+  if pair:
+    return _Side(refs[0:2], refs[2]), _Side(refs[3:5], refs[5]), refs[6], refs[7], refs[8:]
+  side = _Side(refs[0:2], refs[2])
+  return side, side, refs[3], None, refs[4:]
 
 
 class _Block(NamedTuple):
@@ -161,11 +169,17 @@ class _Block(NamedTuple):
 
 
 def _program_block(block, own, own_side, thr_ref, off_ref, prune):
-  """What every kernel reads first; ``own`` 0 for a query-block program, 1 for a key block."""
+  """What every kernel reads first; ``own`` 0 for a query-block program, 1 for a key block.
+  A pair's own side comes as this block's refs; one device's (``off_ref`` None) whole."""
+  thr = jnp.max(thr_ref[...]) if prune else None
+  if off_ref is None:
+    start = pl.program_id(0) * block
+    rows = pl.ds(start, block)
+    return _Block(start, start, 0, _read_c(own_side.c, rows), own_side.seg[rows], thr)
   offsets = (jnp.max(off_ref[0, :]), jnp.max(off_ref[1, :]))
   start = offsets[own] + pl.program_id(0) * block
   return _Block(start, start - offsets[1 - own], offsets[1 - own], _read_c(own_side.c, ...),
-                own_side.seg[...], jnp.max(thr_ref[...]) if prune else None)
+                own_side.seg[...], thr)
 
 
 def _dscores(p, do, v, delta):
@@ -206,8 +220,8 @@ def _key_sweep(tile, cols, own, bq, bk, window, carry):
   return _block_loop(tile, cols.c, bk, own.other, crossing, end, carry, causal=True, band=window)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale2, bq, bk, prune, window):
-  rows, cols, thr_ref, off_ref, (o_ref, lse_ref) = _refs(refs)
+def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale2, bq, bk, prune, window, pair):
+  rows, cols, thr_ref, off_ref, (o_ref, lse_ref) = _refs(refs, pair)
   q = q_ref[...]
   own = _program_block(bq, 0, rows, thr_ref, off_ref, prune)
 
@@ -233,8 +247,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale2, bq, bk, prune, window):
   lse_ref[...] = jnp.where(seen, m + jnp.log2(l_safe), -jnp.inf)  # base 2
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, *refs, scale2, grad_scale, bq, bk, prune, window):
-  rows, cols, thr_ref, off_ref, (do_ref, lse_ref, delta_ref, dk_ref, dv_ref, dc_ref) = _refs(refs)
+def _dkv_kernel(q_ref, k_ref, v_ref, *refs, scale2, grad_scale, bq, bk, prune, window, pair):
+  rows, cols, thr_ref, off_ref, (do_ref, lse_ref, delta_ref, dk_ref, dv_ref, dc_ref) = _refs(refs, pair)
   k, v = k_ref[...], v_ref[...]
   own = _program_block(bk, 1, cols, thr_ref, off_ref, prune)
 
@@ -266,8 +280,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, scale2, grad_scale, bq, bk, prune, w
   dc_ref[...] = dc
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, *refs, scale2, grad_scale, bq, bk, prune, window):
-  rows, cols, thr_ref, off_ref, (do_ref, lse_ref, delta_ref, dq_ref) = _refs(refs)
+def _dq_kernel(q_ref, k_ref, v_ref, *refs, scale2, grad_scale, bq, bk, prune, window, pair):
+  rows, cols, thr_ref, off_ref, (do_ref, lse_ref, delta_ref, dq_ref) = _refs(refs, pair)
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   own = _program_block(bq, 0, rows, thr_ref, off_ref, prune)
 
@@ -283,9 +297,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, scale2, grad_scale, bq, bk, prune, wi
   dq_ref[...] = (dq * grad_scale).astype(dq_ref.dtype)
 
 
-def _row_term_kernel(q_ref, k_ref, v_ref, *refs, scale2, bq, bk, prune, window):
+def _row_term_kernel(q_ref, k_ref, v_ref, *refs, scale2, bq, bk, prune, window, pair):
   """delta_i = sum_j P_ij dP_ij over the dQ kernel's tiles (bf16/fp16 inputs; row_term.py)."""
-  rows, cols, thr_ref, off_ref, (do_ref, lse_ref, delta_ref) = _refs(refs)
+  rows, cols, thr_ref, off_ref, (do_ref, lse_ref, delta_ref) = _refs(refs, pair)
   q, do, lse = q_ref[...], do_ref[...], lse_ref[...]
   own = _program_block(bq, 0, rows, thr_ref, off_ref, prune)
 
@@ -323,12 +337,19 @@ def _seq(shapes, rows, group=1, whole=False):
   return _seq_spec(rows, shapes.head_dim, shapes.heads_major, group, whole)
 
 
+def _sides(shapes, rows, cols):
+  """Specs of the position vectors and threshold (and a pair's offsets): ``rows``, ``cols``
+  those of each side's three vectors; one device has one whole set (``_refs``)."""
+  if not shapes.heads_major:
+    return [_vec_full(shapes.q_len)] * 3 + [_vec_full(THRESHOLD_WIDTH)]
+  return [rows] * 3 + [cols] * 3 + [_vec_full(THRESHOLD_WIDTH), _OFFSETS]
+
+
 def _by_query_block(shapes, bq):
   """In-specs of a query-block program: q's block, k, v whole, the rows' vectors as blocks,
   the columns' whole, threshold, offsets."""
   kv = _seq(shapes, shapes.k_len, shapes.group, whole=True)
-  return ([_seq(shapes, bq), kv, kv] + [_vec_block(bq)] * 3 + [_vec_full(shapes.k_len)] * 3
-          + [_vec_full(THRESHOLD_WIDTH), _OFFSETS])
+  return [_seq(shapes, bq), kv, kv] + _sides(shapes, _vec_block(bq), _vec_full(shapes.k_len))
 
 
 def _by_key_block(shapes, bk):
@@ -336,21 +357,24 @@ def _by_key_block(shapes, bk):
   as blocks, threshold, offsets; then dO, lse, delta whole."""
   q_whole = _seq(shapes, shapes.q_len, whole=True)
   return ([q_whole, _seq(shapes, bk, shapes.group), _seq(shapes, bk, shapes.group)]
-          + [_vec_full(shapes.q_len)] * 3 + [_vec_block(bk)] * 3 + [_vec_full(THRESHOLD_WIDTH), _OFFSETS]
+          + _sides(shapes, _vec_full(shapes.q_len), _vec_block(bk))
           + [q_whole, _vec_full(shapes.q_len), _vec_full(shapes.q_len)])
 
 
 _OFFSETS = pl.BlockSpec((2, THRESHOLD_WIDTH), lambda i, b, h: (0, 0))
 
 
-def _operands(q, k, v, ops):
+def _operands(q, k, v, ops, static):
   thr = jnp.broadcast_to(ops.thr[..., None], ops.thr.shape + (THRESHOLD_WIDTH,))
+  if not static.pair:  # one device: the columns are the rows, at offset 0
+    return (q, k, v, ops.c_q.hi, ops.c_q.lo, ops.seg_q, thr)
   offsets = jnp.broadcast_to(ops.offsets[:, None], (2, THRESHOLD_WIDTH))
   return (q, k, v, ops.c_q.hi, ops.c_q.lo, ops.seg_q, ops.c_k.hi, ops.c_k.lo, ops.seg_k, thr, offsets)
 
 
 def _options(static, bq, bk, grads=False):
-  options = dict(scale2=static.sm_scale * LOG2_E, bq=bq, bk=bk, prune=static.prune, window=static.window)
+  options = dict(scale2=static.sm_scale * LOG2_E, bq=bq, bk=bk, prune=static.prune, window=static.window,
+                 pair=static.pair)
   if grads:
     options["grad_scale"] = grad_scale(static)
   return options
@@ -370,7 +394,7 @@ def _forward(q, k, v, ops, static):
   kernel = functools.partial(_forward_kernel, **_options(static, bq, bk))
   return _call(kernel, "fwd", shapes, shapes.q_len // bq, _by_query_block(shapes, bq),
                [_seq(shapes, bq), _vec_block(bq)], [shapes.like(q, q.dtype), shapes.vector(shapes.q_len)],
-               static, "fwd")(*_operands(q, k, v, ops))
+               static, "fwd")(*_operands(q, k, v, ops, static))
 
 
 def _row_term(q, k, v, ops, do, lse2, static):
@@ -380,7 +404,7 @@ def _row_term(q, k, v, ops, do, lse2, static):
   kernel = functools.partial(_row_term_kernel, **_options(static, bq, bk))
   return _call(kernel, "row_term", shapes, shapes.q_len // bq,
                _by_query_block(shapes, bq) + [_seq(shapes, bq), _vec_block(bq)], _vec_block(bq),
-               shapes.vector(shapes.q_len), static, "dq")(*_operands(q, k, v, ops), do, lse2)
+               shapes.vector(shapes.q_len), static, "dq")(*_operands(q, k, v, ops, static), do, lse2)
 
 
 def _backward_dq(q, k, v, ops, do, lse2, delta, static):
@@ -390,7 +414,8 @@ def _backward_dq(q, k, v, ops, do, lse2, delta, static):
   kernel = functools.partial(_dq_kernel, **_options(static, bq, bk, grads=True))
   return _call(kernel, "dq", shapes, shapes.q_len // bq,
                _by_query_block(shapes, bq) + [_seq(shapes, bq), _vec_block(bq), _vec_block(bq)],
-               _seq(shapes, bq), shapes.like(q, q.dtype), static, "dq")(*_operands(q, k, v, ops), do, lse2, delta)
+               _seq(shapes, bq), shapes.like(q, q.dtype), static, "dq",
+               )(*_operands(q, k, v, ops, static), do, lse2, delta)
 
 
 def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
@@ -402,7 +427,7 @@ def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
   dk, dv, dc = _call(kernel, "dkv", shapes, shapes.k_len // bk, _by_key_block(shapes, bk),
                      [_seq(shapes, bk), _seq(shapes, bk), _vec_block(bk)],
                      [shapes.key_shares(k), shapes.key_shares(v), shapes.vector(shapes.k_len)], static,
-                     "dkv")(*_operands(q, k, v, ops), do, lse2, delta)
+                     "dkv")(*_operands(q, k, v, ops, static), do, lse2, delta)
   return shapes.summed(dk, k), shapes.summed(dv, v), dc
 
 

@@ -86,12 +86,12 @@ def _launch(kernel_name, grid, inputs, out_types, head_dim, **constexprs):
 
 
 def kernel_constexprs(q, k, static):
-  """The constexprs every kernel takes (WINDOW = 0: no window; HEADS_MAJOR for a ring pair)."""
+  """The constexprs every kernel takes (WINDOW = 0: no window; PAIR for a ring pair)."""
   shapes = Shapes.of(q, k, static)
   return dict(scale2=float(static.sm_scale * LOG2_E), SEQ_Q=shapes.q_len, SEQ_K=shapes.k_len,
               HEADS=shapes.heads, KV_HEADS=shapes.heads // shapes.group, HEAD_DIM=shapes.head_dim,
               WINDOW=static.window or 0, PRUNE=static.prune, IEEE=q.dtype == jnp.float32,
-              HEADS_MAJOR=static.pair)
+              PAIR=static.pair)
 
 
 def _inputs(q, k, v, ops):

@@ -15,7 +15,7 @@ lowering. Four kernels, each one program per (block, batch, head):
 Layouts: q, o, dO, dq are [batch, SEQ_Q, heads, head_dim] (the caller's), k, v
 [batch, SEQ_K, KV_HEADS, head_dim] (grouped-query attention, gqa.py: query head h reads key/value
 head h // (HEADS / KV_HEADS), no repeat in memory), dk, dv the per-query-head shares
-[batch, SEQ_K, heads, head_dim] that triton_backend.py sums over each group; with HEADS_MAJOR
+[batch, SEQ_K, heads, head_dim] that triton_backend.py sums over each group; with PAIR
 (the context-parallel ring's chunks) each of them is [batch, heads, seq, head_dim] instead.
 Sequences are already padded to a multiple of every block size. The per-position vectors are
 [batch, heads, seq]: the rows' c, clo, seg (C, CLO, SEG) and lse2, delta; the columns' c, clo,
@@ -27,8 +27,11 @@ units too; the logits are base 2 (scale2 = scale * log2 e), so every exponential
 Block pairs (gpu_calls.py): rows and columns may be two different stretches of one sequence.
 Loads index each side locally; positions in the masks and the sweeps' block ranges are global
 (the offsets added), the ranges clipped to the other side's length, so a pair that causality
-or the window rules out runs no tile. One device passes the same vectors twice and OFF = (0, 0).
-A row that sees no key of a pair gets o = 0 and lse2 = -inf.
+or the window rules out runs no tile. One device is the special case PAIR = False, fixed at
+compile time: the columns read the rows' vectors (CK, CKLO, SEGK are ignored) and the offsets
+are 0 (OFF is not read), which keeps the single-device kernels' registers as they were (the
+extra live pointers made the d = 128 kernels spill). A row that sees no key of a pair gets
+o = 0 and lse2 = -inf.
 
 Per tile: logits = scale2 * q.k + ((c_i - c_j) + (clo_i - clo_j)) * log2 e, the decay formed
 from the two parts before it is scaled (never a difference of two large float32 numbers),
@@ -137,10 +140,10 @@ def _last_kept_query_block_end(C, c_k_min, thr, lo, hi, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _head(b, h, SEQ: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-          HEADS_MAJOR: tl.constexpr):
+          PAIR: tl.constexpr):
   """The offset of head h of batch row b in a [B, SEQ, HEADS, D] array ([B, HEADS, SEQ, D] with
-  HEADS_MAJOR), int64: B * T * H * D may pass 2^31."""
-  if HEADS_MAJOR:
+  PAIR), int64: B * T * H * D may pass 2^31."""
+  if PAIR:
     return (b.to(tl.int64) * HEADS + h) * SEQ * HEAD_DIM
   else:
     return (b.to(tl.int64) * SEQ * HEADS + h) * HEAD_DIM
@@ -148,25 +151,40 @@ def _head(b, h, SEQ: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
 
 @triton.jit
 def _program(THR, OFF, SEQ_Q: tl.constexpr, SEQ_K: tl.constexpr, HEADS: tl.constexpr,
-             KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_MAJOR: tl.constexpr):
+             KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAIR: tl.constexpr):
   """This program's (batch, query head h): the offsets of its sequence in q-shaped arrays, of
   its share in dk/dv-shaped ones (query heads, SEQ_K), of its key/value head h // (HEADS /
   KV_HEADS) in k, v (gqa.py), of its rows' and columns' vectors in [B, HEADS, T] arrays; its
-  threshold, and the global positions of the first row and column."""
+  threshold, and the global positions of the first row and column (0 on one device)."""
   b, h = tl.program_id(1), tl.program_id(2)
   vec = b.to(tl.int64) * HEADS + h
-  return (_head(b, h, SEQ_Q, HEADS, HEAD_DIM, HEADS_MAJOR), _head(b, h, SEQ_K, HEADS, HEAD_DIM, HEADS_MAJOR),
-          _head(b, h // (HEADS // KV_HEADS), SEQ_K, KV_HEADS, HEAD_DIM, HEADS_MAJOR), vec * SEQ_Q,
-          vec * SEQ_K, tl.load(THR + b * HEADS + h), tl.load(OFF), tl.load(OFF + 1))
+  q_off = 0
+  k_off = 0
+  if PAIR:
+    q_off = tl.load(OFF)
+    k_off = tl.load(OFF + 1)
+  return (_head(b, h, SEQ_Q, HEADS, HEAD_DIM, PAIR), _head(b, h, SEQ_K, HEADS, HEAD_DIM, PAIR),
+          _head(b, h // (HEADS // KV_HEADS), SEQ_K, KV_HEADS, HEAD_DIM, PAIR), vec * SEQ_Q,
+          vec * SEQ_K, tl.load(THR + b * HEADS + h), q_off, k_off)
+
+
+@triton.jit
+def _columns(C, CLO, SEG, CK, CKLO, SEGK, PAIR: tl.constexpr):
+  """The columns' c, clo and ids: their own for a pair; on one device the rows' (the same
+  arrays), which keeps three pointers fewer live (spills at d = 128 otherwise)."""
+  if PAIR:
+    return CK, CKLO, SEGK
+  else:
+    return C, CLO, SEG
 
 
 @triton.jit
 def _rows(start, BLOCK: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-          HEADS_MAJOR: tl.constexpr):
+          PAIR: tl.constexpr):
   """Offsets of a [BLOCK, HEAD_DIM] tile of one head's rows start.. (local) in [B, T, H, D]
-  ([B, H, T, D] with HEADS_MAJOR), from the head's offset."""
+  ([B, H, T, D] with PAIR), from the head's offset."""
   positions = (start + tl.arange(0, BLOCK))[:, None]
-  if HEADS_MAJOR:
+  if PAIR:
     return positions * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
   else:
     return positions * (HEADS * HEAD_DIM) + tl.arange(0, HEAD_DIM)[None, :]
@@ -178,9 +196,9 @@ def _rows(start, BLOCK: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexp
 def _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, CK, CKLO, SEGK, k_local, k_off, scale2,
                   BLOCK_K: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                   CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
-                  HEADS_MAJOR: tl.constexpr):
+                  PAIR: tl.constexpr):
   cols = k_local + tl.arange(0, BLOCK_K)
-  kv_tile = _rows(k_local, BLOCK_K, KV_HEADS, HEAD_DIM, HEADS_MAJOR)
+  kv_tile = _rows(k_local, BLOCK_K, KV_HEADS, HEAD_DIM, PAIR)
   k = tl.load(K + kv_tile)
   s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(CK + cols)[None, :],
               clo_q[:, None], tl.load(CKLO + cols)[None, :], seg_q[:, None],
@@ -200,17 +218,18 @@ def forward_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, O, LSE, scale
                    SEQ_Q: tl.constexpr, SEQ_K: tl.constexpr, HEADS: tl.constexpr,
                    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                    BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
-                   IEEE: tl.constexpr, HEADS_MAJOR: tl.constexpr):
+                   IEEE: tl.constexpr, PAIR: tl.constexpr):
   """o (O's dtype) and lse2 [B, H, SEQ_Q] (float32, base 2) of one query block."""
   seq, _, kv, vec_q, vec_k, thr, q_off, k_off = _program(THR, OFF, SEQ_Q, SEQ_K, HEADS, KV_HEADS,
-                                                         HEAD_DIM, HEADS_MAJOR)
+                                                         HEAD_DIM, PAIR)
   Q, O, K, V = Q + seq, O + seq, K + kv, V + kv
+  CK, CKLO, SEGK = _columns(C, CLO, SEG, CK, CKLO, SEGK, PAIR)
   C, CLO, SEG, LSE = C + vec_q, CLO + vec_q, SEG + vec_q, LSE + vec_q
   CK, CKLO, SEGK = CK + vec_k, CKLO + vec_k, SEGK + vec_k
   q_local = tl.program_id(0) * BLOCK_Q
   rows = q_local + tl.arange(0, BLOCK_Q)
   pos_q = q_off + rows
-  tile = _rows(q_local, BLOCK_Q, HEADS, HEAD_DIM, HEADS_MAJOR)
+  tile = _rows(q_local, BLOCK_Q, HEADS, HEAD_DIM, PAIR)
   q, c_q, seg_q = tl.load(Q + tile), tl.load(C + rows), tl.load(SEG + rows)
   clo_q = tl.load(CLO + rows)
   acc = tl.zeros((BLOCK_Q, HEAD_DIM), tl.float32)
@@ -224,14 +243,14 @@ def forward_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, O, LSE, scale
   for kb in range(first, inside):
     acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, CK, CKLO, SEGK, kb * BLOCK_K,
                               k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, WINDOW, IEEE,
-                              HEADS_MAJOR)
+                              PAIR)
   for kb in range(inside, crossing):
     acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, CK, CKLO, SEGK, kb * BLOCK_K,
-                              k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, 0, IEEE, HEADS_MAJOR)
+                              k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, 0, IEEE, PAIR)
   for kb in range(crossing, end):  # the diagonal: never pruned (see pruning.py)
     acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, CK, CKLO, SEGK, kb * BLOCK_K,
                               k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, True, WINDOW, IEEE,
-                              HEADS_MAJOR)
+                              PAIR)
   # One device: every real row sees itself (l >= 1); a row of a pair may see no key.
   seen = l > 0
   l_safe = tl.where(seen, l, 1.0)
@@ -245,11 +264,11 @@ def forward_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, O, LSE, scale
 def _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LSE, DELTA, q_local, q_off,
               scale2, BLOCK_Q: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
-              HEADS_MAJOR: tl.constexpr):
+              PAIR: tl.constexpr):
   """Transposed tile [keys, queries], so that dV += P^T dO and dK += dS^T Q need no transpose
   of a [queries, keys] array."""
   rows = q_local + tl.arange(0, BLOCK_Q)
-  tile = _rows(q_local, BLOCK_Q, HEADS, HEAD_DIM, HEADS_MAJOR)
+  tile = _rows(q_local, BLOCK_Q, HEADS, HEAD_DIM, PAIR)
   q, do = tl.load(Q + tile), tl.load(DO + tile)
   s_t = _logits(_dot(k, tl.trans(q), IEEE), tl.load(C + rows)[None, :], c_k[:, None],
                 tl.load(CLO + rows)[None, :], clo_k[:, None], tl.load(SEG + rows)[None, :],
@@ -267,17 +286,18 @@ def dkv_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, DELTA, D
                SEQ_K: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                WINDOW: tl.constexpr, PRUNE: tl.constexpr, IEEE: tl.constexpr,
-               HEADS_MAJOR: tl.constexpr):
+               PAIR: tl.constexpr):
   """This query head's dk (times grad_scale), dv (its share of its key/value head's gradient)
   and dc [B, H, SEQ_K] (float32) of one key block."""
   seq, share, kv, vec_q, vec_k, thr, q_off, k_off = _program(THR, OFF, SEQ_Q, SEQ_K, HEADS, KV_HEADS,
-                                                             HEAD_DIM, HEADS_MAJOR)
+                                                             HEAD_DIM, PAIR)
   Q, DO, K, V, DK, DV = Q + seq, DO + seq, K + kv, V + kv, DK + share, DV + share
+  CK, CKLO, SEGK = _columns(C, CLO, SEG, CK, CKLO, SEGK, PAIR)
   C, CLO, SEG, LSE, DELTA = C + vec_q, CLO + vec_q, SEG + vec_q, LSE + vec_q, DELTA + vec_q
   CK, CKLO, SEGK, DC = CK + vec_k, CKLO + vec_k, SEGK + vec_k, DC + vec_k
   k_local = tl.program_id(0) * BLOCK_K
   cols = k_local + tl.arange(0, BLOCK_K)
-  kv_tile = _rows(k_local, BLOCK_K, KV_HEADS, HEAD_DIM, HEADS_MAJOR)
+  kv_tile = _rows(k_local, BLOCK_K, KV_HEADS, HEAD_DIM, PAIR)
   k, v, c_k, seg_k = tl.load(K + kv_tile), tl.load(V + kv_tile), tl.load(CK + cols), tl.load(SEGK + cols)
   clo_k = tl.load(CKLO + cols)
   pos_k = k_off + cols
@@ -292,16 +312,16 @@ def dkv_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, DELTA, D
   for qb in range(first, below):  # the diagonal: never pruned
     dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LSE, DELTA,
                            qb * BLOCK_Q, q_off, scale2, BLOCK_Q, HEADS, HEAD_DIM, True, WINDOW, IEEE,
-                           HEADS_MAJOR)
+                           PAIR)
   for qb in range(below, partial):
     dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LSE, DELTA,
                            qb * BLOCK_Q, q_off, scale2, BLOCK_Q, HEADS, HEAD_DIM, False, 0, IEEE,
-                           HEADS_MAJOR)
+                           PAIR)
   for qb in range(partial, end):
     dk, dv, dc = _dkv_tile(dk, dv, dc, k, v, c_k, clo_k, seg_k, pos_k, Q, DO, C, CLO, SEG, LSE, DELTA,
                            qb * BLOCK_Q, q_off, scale2, BLOCK_Q, HEADS, HEAD_DIM, False, WINDOW, IEEE,
-                           HEADS_MAJOR)
-  share_tile = _rows(k_local, BLOCK_K, HEADS, HEAD_DIM, HEADS_MAJOR)
+                           PAIR)
+  share_tile = _rows(k_local, BLOCK_K, HEADS, HEAD_DIM, PAIR)
   tl.store(DK + share_tile, (dk * grad_scale).to(DK.dtype.element_ty))
   tl.store(DV + share_tile, dv.to(DV.dtype.element_ty))
   tl.store(DC + cols, dc)
@@ -311,10 +331,10 @@ def dkv_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, DELTA, D
 def _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, CK, CKLO, SEGK, k_local, k_off,
              scale2, BLOCK_K: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, ROW_TERM: tl.constexpr,
-             IEEE: tl.constexpr, HEADS_MAJOR: tl.constexpr):
+             IEEE: tl.constexpr, PAIR: tl.constexpr):
   """P and dP of one tile; then dQ += dS K, or (ROW_TERM) only delta += rowsum(P * dP)."""
   cols = k_local + tl.arange(0, BLOCK_K)
-  tile = _rows(k_local, BLOCK_K, KV_HEADS, HEAD_DIM, HEADS_MAJOR)
+  tile = _rows(k_local, BLOCK_K, KV_HEADS, HEAD_DIM, PAIR)
   k = tl.load(K + tile)
   s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(CK + cols)[None, :],
               clo_q[:, None], tl.load(CKLO + cols)[None, :], seg_q[:, None],
@@ -334,19 +354,20 @@ def _query_block_sweep(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, 
                        SEQ_Q: tl.constexpr, SEQ_K: tl.constexpr, HEADS: tl.constexpr,
                        KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
-                       ROW_TERM: tl.constexpr, IEEE: tl.constexpr, HEADS_MAJOR: tl.constexpr):
+                       ROW_TERM: tl.constexpr, IEEE: tl.constexpr, PAIR: tl.constexpr):
   """The key sweep of one query block shared by dq_kernel and row_term_kernel (the same tiles,
   so the recomputed row term matches dQ's P exactly). Returns (dq unscaled, delta, offsets of
   the block's q-shaped tile and of its rows' vectors)."""
   seq, _, kv, vec_q, vec_k, thr, q_off, k_off = _program(THR, OFF, SEQ_Q, SEQ_K, HEADS, KV_HEADS,
-                                                         HEAD_DIM, HEADS_MAJOR)
+                                                         HEAD_DIM, PAIR)
   Q, K, V, DO = Q + seq, K + kv, V + kv, DO + seq
+  CK, CKLO, SEGK = _columns(C, CLO, SEG, CK, CKLO, SEGK, PAIR)
   C, CLO, SEG, LSE, DELTA = C + vec_q, CLO + vec_q, SEG + vec_q, LSE + vec_q, DELTA + vec_q
   CK, CKLO, SEGK = CK + vec_k, CKLO + vec_k, SEGK + vec_k
   q_local = tl.program_id(0) * BLOCK_Q
   rows = q_local + tl.arange(0, BLOCK_Q)
   pos_q = q_off + rows
-  tile = _rows(q_local, BLOCK_Q, HEADS, HEAD_DIM, HEADS_MAJOR)
+  tile = _rows(q_local, BLOCK_Q, HEADS, HEAD_DIM, PAIR)
   c_q, clo_q = tl.load(C + rows), tl.load(CLO + rows)
   delta_q = tl.zeros((BLOCK_Q,), tl.float32)
   if not ROW_TERM:
@@ -363,15 +384,15 @@ def _query_block_sweep(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, 
   for kb in range(first, inside):
     dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, CK, CKLO, SEGK,
                          kb * BLOCK_K, k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, WINDOW, ROW_TERM,
-                         IEEE, HEADS_MAJOR)
+                         IEEE, PAIR)
   for kb in range(inside, crossing):
     dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, CK, CKLO, SEGK,
                          kb * BLOCK_K, k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, 0, ROW_TERM,
-                         IEEE, HEADS_MAJOR)
+                         IEEE, PAIR)
   for kb in range(crossing, end):  # the diagonal: never pruned
     dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, CK, CKLO, SEGK,
                          kb * BLOCK_K, k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, True, WINDOW, ROW_TERM,
-                         IEEE, HEADS_MAJOR)
+                         IEEE, PAIR)
   return dq, delta, seq + tile, vec_q + rows
 
 
@@ -380,11 +401,11 @@ def dq_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, DELTA, DQ
               grad_scale: tl.constexpr, SEQ_Q: tl.constexpr, SEQ_K: tl.constexpr,
               HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
-              PRUNE: tl.constexpr, IEEE: tl.constexpr, HEADS_MAJOR: tl.constexpr):
+              PRUNE: tl.constexpr, IEEE: tl.constexpr, PAIR: tl.constexpr):
   """dq (DQ's dtype, times grad_scale) of one query block."""
   dq, _, tile, _ = _query_block_sweep(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, DELTA, scale2,
                                       SEQ_Q, SEQ_K, HEADS, KV_HEADS, HEAD_DIM, BLOCK_Q, BLOCK_K, WINDOW,
-                                      PRUNE, False, IEEE, HEADS_MAJOR)
+                                      PRUNE, False, IEEE, PAIR)
   tl.store(DQ + tile, (dq * grad_scale).to(DQ.dtype.element_ty))
 
 
@@ -393,9 +414,9 @@ def row_term_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, DEL
                     SEQ_Q: tl.constexpr, SEQ_K: tl.constexpr, HEADS: tl.constexpr,
                     KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                     BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr,
-                    IEEE: tl.constexpr, HEADS_MAJOR: tl.constexpr):
+                    IEEE: tl.constexpr, PAIR: tl.constexpr):
   """delta [B, H, SEQ_Q] float32 = sum_j P_ij dP_ij of one query block (DELTA is the output)."""
   _, delta, _, positions = _query_block_sweep(
       Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, DELTA, scale2, SEQ_Q, SEQ_K, HEADS, KV_HEADS,
-      HEAD_DIM, BLOCK_Q, BLOCK_K, WINDOW, PRUNE, True, IEEE, HEADS_MAJOR)
+      HEAD_DIM, BLOCK_Q, BLOCK_K, WINDOW, PRUNE, True, IEEE, PAIR)
   tl.store(DELTA + positions, delta)

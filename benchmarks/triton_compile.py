@@ -5,7 +5,9 @@ to Triton IR. This goes the rest of the way that needs no GPU: Triton IR -> PTX 
 pipeline, from the CUDA plugin) -> SASS (ptxas), for one GPU generation, and prints each
 kernel's shared memory, registers, spills and whether it uses Hopper's wgmma. A kernel whose
 shared memory exceeds the per-block limit, or that spills heavily, shows up here before any GPU
-time is spent. It measures no speed.
+time is spent. It measures no speed. ``--pair true`` compiles the kernels as the
+context-parallel ring launches them on a pair of --seq-len chunks (heads-major chunks, separate
+row and column vectors, traced offsets, float32 outputs; kernels/gpu_calls.py).
 
   pip install --no-deps --target /tmp/jax-cuda jax-cuda12-plugin==$V jax-cuda12-pjrt==$V \
       nvidia-cuda-nvcc-cu12          # $V = your jaxlib version; nvcc only for ptxas
@@ -40,6 +42,8 @@ def parse_args():
   parser.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128])
   parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
   parser.add_argument("--ptxas", help="ptxas binary (default: nvidia-cuda-nvcc-cu12's, or PATH)")
+  parser.add_argument("--pair", nargs="+", type=lambda x: x == "true", default=[False, True],
+                      help="launch variants: false (one device), true (the ring's chunk pairs)")
   parser.add_argument("--out", help="default: results/triton_compile_sm<arch>.json")
   args = parser.parse_args()
   if args.out is None:
@@ -92,6 +96,43 @@ def triton_custom_calls(lowered):
         yield config["ir"].value_bytes, config["num_warps"].value, config["num_stages"].value
 
 
+def single_device(jax, jnp, seq_len, head_dim, dtype, prune):
+  """(function, argument specs): forward + backward of forgetting_attention on one device."""
+  from lpcjax.kernels import forgetting_attention
+
+  def loss(q, k, v, log_f):
+    o = forgetting_attention(q, k, v, log_f, impl="pallas", prune_epsilon=prune)
+    return jnp.sum(o.astype(jnp.float32))
+  qkv = jax.ShapeDtypeStruct((1, seq_len, 2, head_dim), jnp.dtype(dtype))
+  return jax.grad(loss, argnums=(0, 1, 2, 3)), (qkv, qkv, qkv, jax.ShapeDtypeStruct((1, seq_len, 2), jnp.float32))
+
+
+def chunk_pair(jax, jnp, seq_len, head_dim, dtype, prune):
+  """(function, argument specs): the pallas backend's pair kernels on one (query chunk, key
+  chunk) pair as the ring calls them, offsets traced: forward, the row term (bf16/fp16), dQ and
+  dK/dV/dc."""
+  from lpcjax.kernels import backends, decay
+  pairs = backends.get("pallas").pair_kernels
+  sizes = pairs.block_sizes(None, seq_len, head_dim)
+
+  def run(q, k, v, c, seg, do, offsets):
+    thr = jnp.full(q.shape[:2], -20.0) if prune else None
+    c = decay.TwoFloat(c, jnp.zeros_like(c))
+    args = (q, k, v, c, c, seg, seg, thr, (offsets[0], offsets[1]))
+    options = (head_dim ** -0.5, sizes, None, False)
+    o, lse = pairs.forward(*args, *options)
+    if dtype == "float32":
+      delta = jnp.sum(o * do.astype(jnp.float32), axis=-1)
+    else:
+      delta = pairs.row_term(*args, do, lse, *options)
+    return (o, pairs.backward_dq(*args, do, lse, delta, *options),
+            pairs.backward_dkv(*args, do, lse, delta, *options))
+  qkv = jax.ShapeDtypeStruct((1, 2, seq_len, head_dim), jnp.dtype(dtype))
+  vector = lambda dtype: jax.ShapeDtypeStruct((1, 2, seq_len), dtype)
+  return run, (qkv, qkv, qkv, vector(jnp.float32), vector(jnp.int32), qkv,
+               jax.ShapeDtypeStruct((2,), jnp.int32))
+
+
 def main():
   args = parse_args()
   if args.plugin_path:
@@ -101,7 +142,7 @@ def main():
   import jax.numpy as jnp
   from jax._src.lib import triton as jaxlib_triton
   from lpcjax.files import write_json_atomic
-  from lpcjax.kernels import forgetting_attention, pallas_gpu
+  from lpcjax.kernels import pallas_gpu
 
   jax.devices()  # discovers the CUDA plugin, which registers the Triton compiler
   if not hasattr(jaxlib_triton, "has_compilation_handler"):
@@ -124,38 +165,34 @@ def main():
   ptxas = find_ptxas(args.ptxas)
   rows = []
   print(f"jax {jax.__version__}, compute capability {args.arch}, ptxas: {ptxas or 'not found'}")
-  print(f"{'kernel':>5} {'D':>4} {'dtype':>8} {'prune':>5} {'warps':>5} {'stages':>6} "
+  print(f"{'kernel':>5} {'pair':>5} {'D':>4} {'dtype':>8} {'prune':>5} {'warps':>5} {'stages':>6} "
         f"{'smem KiB':>8} {'regs':>4} {'spill B':>7} {'wgmma':>5}")
-  for head_dim in args.head_dims:
-    for dtype in args.dtypes:
-      for prune in (None, 1e-4):
-        def loss(q, k, v, log_f, prune=prune):
-          o = forgetting_attention(q, k, v, log_f, impl="pallas", prune_epsilon=prune)
-          return jnp.sum(o.astype(jnp.float32))
-        qkv = jax.ShapeDtypeStruct((1, args.seq_len, 2, head_dim), jnp.dtype(dtype))
-        log_f = jax.ShapeDtypeStruct((1, args.seq_len, 2), jnp.float32)
-        compiled.clear()
-        lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(qkv, qkv, qkv, log_f).lower(
-            lowering_platforms=("cuda",))
-        for module, warps, stages in triton_custom_calls(lowered):  # jaxlib <= 0.10.2
-          jaxlib_triton.compile("cuda", module, args.arch, num_warps=warps, num_ctas=1,
-                                num_stages=stages)
-        expected = KERNELS if dtype != "float32" else KERNELS[:3]
-        if sorted(name for name, *_ in compiled) != sorted(expected):
-          sys.exit(f"error: expected the kernels {expected}, compiled {[c[0] for c in compiled]}: "
-                   "this JAX lowers differently from the one this script was written for")
-        for name, warps, stages, result in compiled:
-          row = {"kernel": name, "head_dim": head_dim, "dtype": dtype, "prune": prune is not None,
-                 "num_warps": warps, "num_stages": stages, "smem_bytes": result.smem_bytes,
-                 "fits_smem": (result.smem_bytes <= SMEM_LIMIT[args.arch]
-                               if args.arch in SMEM_LIMIT else None),
-                 "wgmma": "wgmma.mma_async" in result.asm, **ptxas_report(ptxas, result.asm, args.arch)}
-          rows.append(row)
-          spill = row.get("spill_store_bytes", "-")
-          print(f"{name.rsplit('_', 1)[1]:>5} {head_dim:>4} {dtype:>8} {row['prune']!s:>5} "
-                f"{warps:>5} {stages:>6} {result.smem_bytes / 1024:>8.1f} "
-                f"{row.get('registers', '-'):>4} {spill:>7} {row['wgmma']!s:>5}"
-                + ("  EXCEEDS SHARED MEMORY" if row["fits_smem"] is False else ""))
+  for pair in args.pair:
+    for head_dim in args.head_dims:
+      for dtype in args.dtypes:
+        for prune in (None, 1e-4):
+          fn, specs = (chunk_pair if pair else single_device)(jax, jnp, args.seq_len, head_dim, dtype, prune)
+          compiled.clear()
+          lowered = jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+          for module, warps, stages in triton_custom_calls(lowered):  # jaxlib <= 0.10.2
+            jaxlib_triton.compile("cuda", module, args.arch, num_warps=warps, num_ctas=1,
+                                  num_stages=stages)
+          expected = KERNELS if dtype != "float32" else KERNELS[:3]
+          if sorted(name for name, *_ in compiled) != sorted(expected):
+            sys.exit(f"error: expected the kernels {expected}, compiled {[c[0] for c in compiled]}: "
+                     "this JAX lowers differently from the one this script was written for")
+          for name, warps, stages, result in compiled:
+            row = {"kernel": name, "pair": pair, "head_dim": head_dim, "dtype": dtype, "prune": prune is not None,
+                   "num_warps": warps, "num_stages": stages, "smem_bytes": result.smem_bytes,
+                   "fits_smem": (result.smem_bytes <= SMEM_LIMIT[args.arch]
+                                 if args.arch in SMEM_LIMIT else None),
+                   "wgmma": "wgmma.mma_async" in result.asm, **ptxas_report(ptxas, result.asm, args.arch)}
+            rows.append(row)
+            spill = row.get("spill_store_bytes", "-")
+            print(f"{name.rsplit('_', 1)[1]:>5} {pair!s:>5} {head_dim:>4} {dtype:>8} {row['prune']!s:>5} "
+                  f"{warps:>5} {stages:>6} {result.smem_bytes / 1024:>8.1f} "
+                  f"{row.get('registers', '-'):>4} {spill:>7} {row['wgmma']!s:>5}"
+                  + ("  EXCEEDS SHARED MEMORY" if row["fits_smem"] is False else ""))
   write_json_atomic(args.out, {"jax": jax.__version__, "arch": args.arch, "seq_len": args.seq_len,
                                "ptxas": bool(ptxas), "rows": rows})
   print(f"wrote {args.out}")

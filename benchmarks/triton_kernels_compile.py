@@ -5,13 +5,17 @@ kernels of kernels/triton_kernels.py are plain Triton, so Triton's own compiler 
 (Triton IR -> PTX -> cubin, with the ptxas that ships in the triton wheel), with exactly the
 constexprs, tiles, warps and stages that the backend launches them with (triton_backend.py), at
 the paper's shapes: FoX 760M (24 heads x 64) and its d = 128 variant (12 heads x 128), T = 16384,
-bf16, pruning off and on, with and without a window. For each kernel: shared memory, registers,
-spill bytes (``ptxas -v``), and whether Hopper's wgmma appears in the PTX. It measures no speed.
+bf16, pruning off and on, with and without a window; each as launched on one device and as the
+context-parallel ring's pair kernels launch it (``pair``: heads-major chunks, separate row and
+column vectors, float32 outputs; kernels/gpu_calls.py), a chunk of --seq-len tokens against
+another. For each kernel: shared memory, registers, spill bytes (``ptxas -v``), and whether
+Hopper's wgmma appears in the PTX. It measures no speed.
 
   python benchmarks/triton_kernels_compile.py [--arch 90] [--out results/...json]
 """
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -20,12 +24,14 @@ import jax.numpy as jnp
 
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels import triton_backend, triton_kernels
-from lpcjax.kernels.pallas_gpu import MIN_BLOCK
+from lpcjax.kernels.gpu_calls import Static
 from triton_compile import ptxas_report  # the same ptxas -v report as the Pallas kernels'
 
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (opt-in maximum)
-POINTERS = {"C": "*fp32", "THR": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DC": "*fp32",
-            "SEG": "*i32"}  # the others are q, k, v, o-shaped: the input dtype
+POINTERS = {"C": "*fp32", "CLO": "*fp32", "CK": "*fp32", "CKLO": "*fp32", "THR": "*fp32", "LSE": "*fp32",
+            "DELTA": "*fp32", "DC": "*fp32", "SEG": "*i32", "SEGK": "*i32", "OFF": "*i32"}
+# the others are q, k, v, o-shaped: the input dtype, but float32 outputs for a ring pair
+PAIR_OUTPUTS = ("O", "DQ", "DK", "DV")
 
 
 def parse_args():
@@ -34,6 +40,8 @@ def parse_args():
   parser.add_argument("--seq-len", type=int, default=16384)
   parser.add_argument("--shapes", nargs="+", default=["24x64", "12x128"], help="HEADSxHEAD_DIM")
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+  parser.add_argument("--pair", nargs="+", type=lambda x: x == "true", default=[False, True],
+                      help="launch variants: false (one device), true (the ring's pairs)")
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   if args.out is None:
@@ -48,12 +56,14 @@ def ptxas_path(arch):
   return get_ptxas(arch).path
 
 
-def launches(batch, seq_len, heads, head_dim, dtype, prune, window):
+def launches(batch, seq_len, heads, head_dim, dtype, prune, window, pair=False):
   """(kernel name, constexprs, num_warps, num_stages) of every kernel one forward+backward
-  launches, with the backend's own tiles and constexprs."""
-  q = jax.ShapeDtypeStruct((batch, seq_len, heads, head_dim), dtype)
-  sizes = triton_backend.default_block_sizes(head_dim).fitted(seq_len, minimum=MIN_BLOCK)
-  common = triton_backend.kernel_constexprs(q, head_dim ** -0.5, prune, window)
+  launches, with the backend's own tiles and constexprs; ``pair``: as the ring launches them."""
+  shape = (batch, heads, seq_len, head_dim) if pair else (batch, seq_len, heads, head_dim)
+  q = jax.ShapeDtypeStruct(shape, dtype)
+  sizes = triton_backend.fit_block_sizes(None, seq_len, head_dim)
+  static = Static(head_dim ** -0.5, sizes, prune, window, pair=pair)
+  common = triton_backend.kernel_constexprs(q, q, static)
   tiles = {"forward_kernel": (sizes.block_q, sizes.block_k),
            "dkv_kernel": (sizes.block_q_dkv, sizes.block_k_dkv),
            "dq_kernel": (sizes.block_q_dq, sizes.block_k_dq),
@@ -62,7 +72,7 @@ def launches(batch, seq_len, heads, head_dim, dtype, prune, window):
   for name in names:
     constexprs = dict(common, BLOCK_Q=tiles[name][0], BLOCK_K=tiles[name][1])
     if name in ("dkv_kernel", "dq_kernel"):
-      constexprs["sm_scale"] = head_dim ** -0.5
+      constexprs["grad_scale"] = 1.0 if pair else head_dim ** -0.5
     warps, stages = triton_backend.LAUNCH_SHAPES[name][head_dim > 64]
     yield name, constexprs, warps, stages
 
@@ -73,8 +83,9 @@ def compile_kernel(name, constexprs, warps, stages, dtype, arch):
   from triton.compiler import ASTSource
   kernel = getattr(triton_kernels, name)
   element = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}[jnp.dtype(dtype).name]
-  signature = {arg: ("constexpr" if arg in constexprs else POINTERS.get(arg, element))
-               for arg in kernel.arg_names}
+  pointer = lambda arg: ("*fp32" if constexprs["PAIR"] and arg in PAIR_OUTPUTS
+                         else POINTERS.get(arg, element))
+  signature = {arg: ("constexpr" if arg in constexprs else pointer(arg)) for arg in kernel.arg_names}
   source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
   return triton.compile(source, target=GPUTarget("cuda", arch, 32),
                         options=dict(num_warps=warps, num_stages=stages))
@@ -86,27 +97,27 @@ def main():
   dtype = jnp.dtype(args.dtype)
   rows = []
   print(f"triton {triton.__version__}, sm_{args.arch}, T = {args.seq_len}, {args.dtype}")
-  print(f"{'kernel':>16} {'H':>3} {'D':>4} {'prune':>5} {'window':>6} {'tiles':>8} {'warps':>5} "
+  print(f"{'kernel':>16} {'pair':>5} {'H':>3} {'D':>4} {'prune':>5} {'window':>6} {'tiles':>8} {'warps':>5} "
         f"{'stages':>6} {'smem KiB':>8} {'regs':>4} {'spill B':>7} {'wgmma':>5}")
-  for shape in args.shapes:
+  variants = ((False, None), (True, None), (True, 4096))  # (prune, window)
+  for shape, pair, (prune, window) in itertools.product(args.shapes, args.pair, variants):
     heads, head_dim = map(int, shape.split("x"))
-    for prune, window in ((False, None), (True, None), (True, 4096)):
-      for name, constexprs, warps, stages in launches(1, args.seq_len, heads, head_dim, dtype,
-                                                     prune, window):
-        compiled = compile_kernel(name, constexprs, warps, stages, dtype, args.arch)
-        ptx = compiled.asm["ptx"]
-        row = {"kernel": name, "heads": heads, "head_dim": head_dim, "dtype": args.dtype,
-               "prune": prune, "window": window, "block_q": constexprs["BLOCK_Q"],
-               "block_k": constexprs["BLOCK_K"], "num_warps": warps, "num_stages": stages,
-               "smem_bytes": compiled.metadata.shared,
-               "fits_smem": compiled.metadata.shared <= SMEM_LIMIT,
-               "wgmma": "wgmma.mma_async" in ptx,
-               **ptxas_report(ptxas_path(args.arch), ptx, f"{args.arch // 10}.{args.arch % 10}")}
-        rows.append(row)
-        print(f"{name:>16} {heads:>3} {head_dim:>4} {prune!s:>5} {window or '-'!s:>6} "
-              f"{row['block_q']:>3}x{row['block_k']:<4} {warps:>5} {stages:>6} "
-              f"{row['smem_bytes'] / 1024:>8.1f} {row['registers']:>4} "
-              f"{row['spill_store_bytes']:>7} {row['wgmma']!s:>5}", flush=True)
+    for name, constexprs, warps, stages in launches(1, args.seq_len, heads, head_dim, dtype,
+                                                   prune, window, pair):
+      compiled = compile_kernel(name, constexprs, warps, stages, dtype, args.arch)
+      ptx = compiled.asm["ptx"]
+      row = {"kernel": name, "pair": pair, "heads": heads, "head_dim": head_dim, "dtype": args.dtype,
+             "prune": prune, "window": window, "block_q": constexprs["BLOCK_Q"],
+             "block_k": constexprs["BLOCK_K"], "num_warps": warps, "num_stages": stages,
+             "smem_bytes": compiled.metadata.shared,
+             "fits_smem": compiled.metadata.shared <= SMEM_LIMIT,
+             "wgmma": "wgmma.mma_async" in ptx,
+             **ptxas_report(ptxas_path(args.arch), ptx, f"{args.arch // 10}.{args.arch % 10}")}
+      rows.append(row)
+      print(f"{name:>16} {pair!s:>5} {heads:>3} {head_dim:>4} {prune!s:>5} {window or '-'!s:>6} "
+            f"{row['block_q']:>3}x{row['block_k']:<4} {warps:>5} {stages:>6} "
+            f"{row['smem_bytes'] / 1024:>8.1f} {row['registers']:>4} "
+            f"{row['spill_store_bytes']:>7} {row['wgmma']!s:>5}", flush=True)
   write_json_atomic(args.out, {"triton": triton.__version__, "arch": args.arch,
                                "seq_len": args.seq_len, "dtype": args.dtype, "rows": rows})
   print(f"wrote {args.out}")

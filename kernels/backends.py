@@ -18,12 +18,27 @@ import jax.numpy as jnp
 
 class PairKernels(NamedTuple):
   """The kernels of one (query chunk, key chunk) pair that the context-parallel ring combines
-  (``kernels/context_parallel.py``): forward (o, lse), the row term, dq, and (dk, dv, dc)."""
+  (``kernels/context_parallel.py``), all on heads-major chunks: q [B, HQ, Tq, D], k, v
+  [B, H, Tk, D]; c_q, c_k (decay.TwoFloat) and seg_q, seg_k [B, HQ, T*]; thr [B, HQ] or None;
+  offsets = (the global position of q's first row, of k's first column), traced ints:
+
+  * ``forward(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, *static)`` -> o [B, HQ, Tq, D]
+    float32 and lse [B, HQ, Tq] in natural units (a row that sees no key: o = 0, lse = -inf);
+  * ``row_term(..., offsets, do, lse, *static)`` -> this pair's part of delta [B, HQ, Tq];
+  * ``backward_dq(..., offsets, do, lse, delta, *static)`` -> dq float32, not yet times sm_scale;
+  * ``backward_dkv(...)`` (the same arguments) -> dk (not yet times sm_scale), dv float32
+    [B, H, Tk, D] summed over each group, dc [B, HQ, Tk];
+  * ``block_sizes(block_sizes or None, chunk_len, head_dim)`` -> the fitted ``BlockSizes``
+    the kernels run; the ring pads each chunk to a multiple of its largest.
+
+  ``static`` = (sm_scale, fitted BlockSizes, window, interpret); lse and delta are the rows'
+  totals over every key chunk (the ring's merge)."""
 
   forward: Callable
   row_term: Callable
   backward_dq: Callable
   backward_dkv: Callable
+  block_sizes: Callable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,7 +95,52 @@ def first_key_block_in_window(q_start, block_k, window):
 
 def query_block_end_in_window(k_start, block_k, block_q, num_q_blocks, window):
   """One past the last query block whose window reaches the key block starting at k_start (its
-  last key, k_start + block_k - 1, is seen up to query k_start + block_k + window - 2)."""
+  last key, k_start + block_k - 1, is seen up to query k_start + block_k + window - 2); 0 when
+  that query lies before the first (k_start relative to the queries' start may be negative)."""
   if window is None:
     return num_q_blocks
-  return jnp.minimum(floor_div(k_start + block_k + window - 2, block_q) + 1, num_q_blocks)
+  last_row = k_start + block_k + window - 2
+  return jnp.where(last_row < 0, 0, jnp.minimum(floor_div(jnp.maximum(last_row, 0), block_q) + 1,
+                                                num_q_blocks))
+
+
+# Block ranges of a pair (query block, key side) or (key block, query side) that may be two
+# different stretches of one sequence (the context-parallel ring's chunks): ``rel`` is the
+# global position of the program's first element minus that of the other side's first, any
+# int (negative: the other side lies after it). Single-device attention is rel = the block's
+# own start. Traced int32 throughout; floor_div only ever sees non-negative operands.
+
+def _ceil_div(a, b):
+  return floor_div(jnp.maximum(a, 0) + b - 1, b)
+
+
+def key_block_ranges(rel, block_q, block_k, num_k_blocks, window):
+  """(first, inside, crossing, end) of the key blocks a query block visits: [first, inside)
+  are crossed by the window's edge (band mask), [inside, crossing) lie wholly inside the band
+  left of the causal diagonal (no position compare), [crossing, end) cross the diagonal
+  (masked); all clipped to the key side's ``num_k_blocks``. Without a window first = inside = 0."""
+  clip = lambda x: jnp.minimum(x, num_k_blocks)
+  crossing = clip(floor_div(jnp.maximum(rel, 0), block_k))
+  end = clip(_ceil_div(rel + block_q, block_k))
+  if window is None:
+    zero = jnp.zeros_like(crossing)
+    return zero, zero, crossing, end
+  first = clip(first_key_block_in_window(rel, block_k, window))
+  inside = jnp.minimum(_ceil_div(rel + block_q - window, block_k), crossing)
+  return first, inside, crossing, end
+
+
+def query_block_ranges(rel, block_q, block_k, num_q_blocks, window):
+  """(first, below, partial, end) of the query blocks a key block visits: [first, below) cross
+  the causal diagonal (masked), [below, partial) lie wholly below it inside the band (no
+  position compare), [partial, end) are crossed by the window's edge (band mask); the band
+  ends the sweep after the last query block it reaches. Without a window partial = end."""
+  clip = lambda x: jnp.minimum(x, num_q_blocks)
+  first = clip(floor_div(jnp.maximum(rel, 0), block_q))
+  below = clip(_ceil_div(rel + block_k, block_q))
+  end = query_block_end_in_window(rel, block_k, block_q, num_q_blocks, window)
+  if window is None:
+    end = jnp.full_like(first, num_q_blocks)
+    return first, below, end, end
+  partial = jnp.maximum(jnp.minimum(floor_div(jnp.maximum(rel + window, 0), block_q), end), below)
+  return first, below, partial, end

@@ -15,10 +15,11 @@ sum, c_t = sum_{u <= t} log f_u:
   shard boundaries correctly.
 * The ring: K, V, c and the segment ids of every shard visit every device (``ppermute`` one
   step around the context axis, sent before the step's compute so that XLA may overlap the two);
-  each device attends from its queries to the visiting keys with the blockwise kernels of
-  xla_blockwise.py, whose loop bounds follow the global positions (a pair of blocks that
-  causality or the window rules out costs no tile), and merges the partial results by their
-  log-normalizers.
+  each device attends from its queries to the visiting keys with the pair kernels of the
+  backend (``Backend.pair_kernels``: the blockwise kernels of xla_blockwise.py, or the Pallas
+  and Triton GPU kernels through gpu_calls.py), whose loop bounds follow the global positions
+  (a pair of blocks that causality or the window rules out costs no tile), and merges the
+  partial results by their log-normalizers.
 * Load balance. Causal attention gives the device with the last shard N times the work of the
   first. Without a window the sequence is therefore cut into 2N chunks and device d holds chunks
   d and 2N - 1 - d (one from the front, one from the back), so every ring step costs every
@@ -39,10 +40,15 @@ sum, c_t = sum_{u <= t} log f_u:
 Grouped-query attention (gqa.py): k, v carry H key/value heads, q and the gate HQ; what travels
 around the ring is K and V at H heads (the keys' c and segment ids stay per query head: no
 head_dim), and so are dK and dV on the way back, already summed over each group by the pair
-kernels (xla_blockwise.py). The ring's traffic in K, V, dK, dV therefore scales with H.
+kernels (xla_blockwise.py; the GPU kernels' glue, gpu_calls.py). The ring's traffic in K, V,
+dK, dV therefore scales with H.
 
-The block pairs run the plain-JAX blockwise kernels on every platform (the Pallas kernels have
-no position offsets yet). Communication per layer, forward: N - 1 steps of K, V (and c, ids);
+Which kernels run the block pairs: ``impl`` names a backend with pair kernels ("xla",
+"pallas", "triton"), or "auto" picks the first of the table that runs natively here, as on
+one device (backends.py): the Pallas GPU kernel on a GPU, the blockwise XLA kernels elsewhere
+(the TPU kernel has no pair kernels yet). The backend fits its own tiles to a chunk
+(``PairKernels.block_sizes``: the GPU kernels' are at least 16), and each chunk is padded to
+a multiple of the largest. Communication per layer, forward: N - 1 steps of K, V (and c, ids);
 backward: N - 1 steps of K, V, dK, dV (and c, ids, dc); bf16 adds one K, V ring for the row term.
 """
 
@@ -55,7 +61,7 @@ from jax import lax
 
 from . import decay, row_term
 from .backends import resolve
-from .block_sizes import BlockSizes, heads_major, padded_length
+from .block_sizes import heads_major, padded_length
 from .pruning import skip_threshold
 from .checks import check_shapes, check_window
 from .segments import segment_starts
@@ -77,8 +83,10 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
   segment_ids [batch, L] are positions [d L, (d + 1) L) of the sequence, d the index along
   ``axis_name`` (``axis_size`` devices). Returns this shard's output, [batch, L, heads, head_dim].
   The other keywords are ``forgetting_attention``'s; ``impl`` must name a backend with pair
-  kernels (``Backend.pair_kernels``), or be "auto" (the first such backend of the table)."""
-  del interpret, debug  # plain JAX kernels; value checks run on the global arrays (sharded.py)
+  kernels (``Backend.pair_kernels``), or be "auto" (the first such backend of the table that
+  runs natively here: the GPU kernel on a GPU). ``interpret`` goes to the pair kernels (Pallas
+  interpret mode on CPU)."""
+  del debug  # value checks run on the global arrays (sharded.py)
   group = check_shapes(q, k, v, log_fgate, segment_ids)
   n, local_len = axis_size, q.shape[1]
   window = check_window(window, n * local_len)
@@ -101,14 +109,14 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
     threshold = skip_threshold(lax.stop_gradient(q), lax.stop_gradient(k), sm_scale, prune_epsilon, axis_name)
 
   chunk_len = local_len // layout.chunks
-  sizes = (block_sizes or BlockSizes()).fitted(chunk_len)
-  padded = padded_length(chunk_len, max(sizes.block_q, sizes.block_k))
+  sizes = pairs.block_sizes(block_sizes, chunk_len, q.shape[-1])
+  padded = padded_length(chunk_len, sizes.largest)
   padded_parts = lambda parts, fill=0: [heads_major(part, padded, fill) for part in parts]
   chunked = lambda x, fill=0: padded_parts(layout.split(x), fill)
   c_parts = [decay.TwoFloat(*parts) for parts in zip(chunked(c.hi, "edge"), chunked(c.lo, "edge"))]
   id_parts = layout.split(ids)  # moved once, padded two ways
   steps = context_steps(window, n * local_len, n)
-  static = (axis_name, n, steps, float(sm_scale), sizes.block_q, sizes.block_k, window, pairs)
+  static = (axis_name, n, steps, float(sm_scale), sizes, window, bool(interpret), pairs)
   o = _ring(chunked(q), chunked(k), chunked(v), c_parts, padded_parts(id_parts, _PAD_ROW_ID),
             padded_parts(id_parts, _PAD_COL_ID), layout.offsets(chunk_len), threshold, static)
   return layout.merge([jnp.swapaxes(part[:, :, :chunk_len], 1, 2) for part in o])
@@ -245,7 +253,7 @@ def _ring_scan(step, carry, visiting, static, home=None):
 
 
 def _forward_ring(q, k, v, c, seg_q, seg_k, offsets, thr, static):
-  sm_scale, bq, bk, window, pairs = static[3:]
+  *options, pairs = static[3:]  # options: sm_scale, sizes, window, interpret
   keys = (k, v, c, seg_k, offsets)
 
   def step(carry, visiting):
@@ -253,7 +261,7 @@ def _forward_ring(q, k, v, c, seg_q, seg_k, offsets, thr, static):
     k_in, v_in, c_in, seg_in, off_in = visiting
     for a, b in _pairs(q, k_in):
       part = pairs.forward(q[a], k_in[b], v_in[b], c[a], c_in[b], seg_q[a], seg_in[b], thr,
-                           (offsets[a], off_in[b]), sm_scale, bq, bk, window)
+                           (offsets[a], off_in[b]), *options)
       o[a], lse[a] = _merge(o[a], lse[a], *part)
     return (o, lse), visiting
 
@@ -277,7 +285,8 @@ def _ring_fwd(q, k, v, c, seg_q, seg_k, offsets, thr, static):
 
 def _ring_bwd(static, residuals, do):
   q, k, v, c, seg_q, seg_k, offsets, thr, o, lse = residuals
-  sm_scale, bq, bk, window, pairs = static[3:]
+  *options, pairs = static[3:]
+  sm_scale = options[0]
   do = [x.astype(q[0].dtype) for x in do]
   rows = lambda a: (q[a], c[a], seg_q[a])
 
@@ -291,7 +300,7 @@ def _ring_bwd(static, residuals, do):
     def row_step(delta, visiting):
       delta = list(delta)
       for a, b in _pairs(q, visiting[0]):
-        delta[a] = delta[a] + pairs.row_term(*pair_args(a, b, visiting), do[a], lse[a], sm_scale, bq, bk, window)
+        delta[a] = delta[a] + pairs.row_term(*pair_args(a, b, visiting), do[a], lse[a], *options)
       return delta, visiting
     delta = _ring_scan(row_step, [jnp.zeros(x.hi.shape, jnp.float32) for x in c], keys, static)
   else:
@@ -300,7 +309,7 @@ def _ring_bwd(static, residuals, do):
   def grad_step(dq, visiting):
     dq, (dk, dv, dc) = list(dq), [list(x) for x in visiting[5:]]
     for a, b in _pairs(q, visiting[0]):
-      args = pair_args(a, b, visiting) + (do[a], lse[a], delta[a], sm_scale, bq, bk, window)
+      args = pair_args(a, b, visiting) + (do[a], lse[a], delta[a], *options)
       dq[a] = dq[a] + pairs.backward_dq(*args)
       ddk, ddv, ddc = pairs.backward_dkv(*args)
       dk[b], dv[b], dc[b] = dk[b] + ddk, dv[b] + ddv, dc[b] + ddc

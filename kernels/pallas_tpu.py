@@ -19,15 +19,19 @@ their steps do nothing. Tiles that cross the diagonal or the window's edge are m
 others compare segment ids only.
 
 Vectors indexed by position (c = cumsum log f as decay.py's two float32 parts, segment ids,
-lse, delta, dc) travel in the layout that the tile broadcasts them in, because Mosaic tiles the
-last two dims of a block by (8 sublanes, 128 lanes) and a relayout between rows and columns is
-a transpose: the outer side's vectors as lane-broadcast columns [B, H, T, 128] (read once per
-outer block), the inner side's as 8-sublane rows [B, H, 8, T] (read every step, so kept
-small). That is why the dK/dV kernel computes the transposed tile S^T [key, query]: its
-streamed side is the queries, whose five vectors then come as rows, and dc comes out as a
-column. It also fixes the block sizes: the streamed (inner) block is a lane dimension, a
-multiple of 128; the outer one a sublane dimension, a multiple of 8 (16 for 16-bit inputs,
-which pack two rows per sublane).
+lse, delta, dc) travel as compact rows [B, H, 1, T] (4 bytes a position in HBM; a reshape of
+[B, H, T], nothing broadcast), in [1, block] blocks. Mosaic tiles the last two dims of a block
+by (8 sublanes, 128 lanes), and a tile needs the query side's vectors along one axis and the
+key side's along the other: the streamed side's rows broadcast against the tile as they are,
+the outer side's become a [block, 1] column inside the kernel (``expand_dims`` of the row, a
+relayout JAX's splash attention makes of its lse and di), and outputs accumulated as
+[block, 128] columns in VMEM scratch leave as rows through one 2-D transpose per outer block.
+That is why the dK/dV kernel computes the transposed tile S^T [key, query]: its streamed side
+is the queries, whose five vectors then stay rows. It also fixes the block sizes: every block
+is the lane dimension of its vectors' rows, so a multiple of 128. (Until Dec 2026 the outer
+side's vectors came as lane-broadcast columns [B, H, T, 128] built in the wrapper: 512 bytes
+a position each, about 2.6 KiB per (position, head) for the dQ call alone;
+benchmarks/tpu_backward_memory.py.)
 
 q, k, v move to [B, H, T, D] so that a block's last two dims are (sequence, head_dim). Logits
 use natural exp (the EUP's), unlike the GPU kernel's exp2. On CPU the kernels run in Pallas'
@@ -78,10 +82,11 @@ def on_tpu():
 def vmem_bytes(outer, inner, head_dim, dtype):
   """Estimated VMEM of the hungriest kernel at square-ish tiles: outer and streamed blocks
   double-buffered (at most 4 [outer, D] blocks: dK/dV's k, v, dk, dv; 2 streamed [inner, D];
-  5 column and 5 row vectors: c's two parts, ids, lse, delta), float32 scratch (2 [outer, D] and a column) and 4 float32
-  [outer, inner] tile temporaries (s, p, dp, ds)."""
+  5 outer and 5 streamed [1, block] vector rows, padded to 8 sublanes: c's two parts, ids, lse,
+  delta), float32 scratch (2 [outer, D] and a column) and 4 float32 [outer, inner] tile
+  temporaries (s, p, dp, ds)."""
   item = jnp.dtype(dtype).itemsize
-  blocks = (4 * outer + 2 * inner) * head_dim * item + 5 * (outer * LANES + SUBLANES * inner) * 4
+  blocks = (4 * outer + 2 * inner) * head_dim * item + 5 * SUBLANES * (outer + inner) * 4
   scratch = (2 * outer * head_dim + outer * LANES) * 4
   return 2 * blocks + scratch + 4 * outer * inner * 4
 
@@ -96,16 +101,11 @@ def default_block_sizes(head_dim, dtype):
 
 
 def tpu_block_sizes(block_sizes, seq_len, dtype, head_dim):
-  """``block_sizes`` (or the default) fitted to T and to the TPU tiling: streamed blocks
-  (block_k, block_k_dq, and block_q_dkv, the queries that dK/dV streams) at least 128, the
-  others at least 8 rows of 32 bits (16 for bf16/fp16). Like the GPU kernel's minimum of 16,
-  smaller requests are raised, not refused; every size stays a power of two, so the padded
-  length (a multiple of the largest) is a multiple of every size."""
-  sizes = block_sizes or default_block_sizes(head_dim, dtype)
-  rows = sizes.fitted(seq_len, minimum=SUBLANES * 4 // jnp.dtype(dtype).itemsize)
-  lanes = sizes.fitted(seq_len, minimum=LANES)
-  return BlockSizes(rows.block_q, lanes.block_k, lanes.block_q_dkv, rows.block_k_dkv,
-                    rows.block_q_dq, lanes.block_k_dq)
+  """``block_sizes`` (or the default) fitted to T and to the TPU tiling: every block, outer
+  or streamed, is the lane dimension of its vectors' [1, block] rows, so at least 128. Like
+  the GPU kernel's minimum of 16, smaller requests are raised, not refused; every size stays a
+  power of two, so the padded length (a multiple of the largest) is a multiple of every size."""
+  return (block_sizes or default_block_sizes(head_dim, dtype)).fitted(seq_len, minimum=LANES)
 
 
 # ------------------------------------------------------------------------------ visit ranges
@@ -272,20 +272,35 @@ def _sweep_step(schedule_ref, lo_ref, hi_ref, *, heads, num_outer, per_head, out
 
 
 # -------------------------------------------------------------------------------- kernels
-# Ref names: *_col are [block, 128] lane-broadcast columns, *_row are [8, block] rows (read
-# [:, :1] and [:1, :]); the tile axes are (query, key) except in dK/dV, (key, query). c comes
-# as two refs (c_cols, c_rows: its high and low parts, decay.py).
+# Every position vector arrives as a [1, block] row ([B, H, 1, T] in HBM: 4 bytes a position).
+# Ref names: *_col are the outer side's, turned into a [block, 1] column inside the kernel
+# (``_column``: JAX's splash attention does the same to its lse and di), *_row the streamed
+# side's, read as they are; the tile axes are (query, key) except in dK/dV, (key, query). c
+# comes as two refs (its high and low parts, decay.py). Outputs (lse, delta, dc) accumulate as
+# [block, 128] lane-broadcast columns in VMEM scratch and leave as rows (``_as_row``, once per
+# outer block).
+
+def _column(ref):
+  """A [1, block] row ref as a [block, 1] column."""
+  return jnp.expand_dims(ref[0], -1)
+
+
+def _as_row(column):
+  """A [block, 128] lane-broadcast column (every lane alike) as a [1, block] row: a 2-D
+  transpose (the XLU's), then its first row."""
+  return jnp.transpose(column)[:1, :]
+
 
 def _col(refs):
-  return decay.TwoFloat(refs[0][:, :1], refs[1][:, :1])
+  return decay.TwoFloat(_column(refs[0]), _column(refs[1]))
 
 
 def _row(refs):
-  return decay.TwoFloat(refs[0][:1, :], refs[1][:1, :])
+  return decay.TwoFloat(refs[0][...], refs[1][...])
 
 
 def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, cql_col, sq_col,
-                    ck_row, ckl_row, sk_row, o_ref, lse_col, m_sc, l_sc, acc_sc, *, scale, sweep):
+                    ck_row, ckl_row, sk_row, o_ref, lse_row, m_sc, l_sc, acc_sc, *, scale, sweep):
   bq, bk = q_ref.shape[0], k_ref.shape[0]
 
   def init():
@@ -295,7 +310,7 @@ def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, c
 
   def tile(q_start, k_start, causal, window):
     s = tile_logits_2d(_matmul(q_ref[...], k_ref[...], NT), _col((cq_col, cql_col)),
-                       _row((ck_row, ckl_row)), sq_col[:, :1], sk_row[:1, :],
+                       _row((ck_row, ckl_row)), _column(sq_col), sk_row[...],
                        _positions(q_start, (bq, 1), 0), _positions(k_start, (1, bk), 1), scale,
                        causal, window)
     m_prev = m_sc[...]  # [bq, 128], every lane alike
@@ -311,7 +326,7 @@ def _forward_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, c
   def finish():  # every real row sees itself, so l >= 1 there
     l = l_sc[...]
     o_ref[...] = (acc_sc[...] / l[:, :1]).astype(o_ref.dtype)
-    lse_col[...] = m_sc[...] + jnp.log(l)
+    lse_row[...] = _as_row(m_sc[...] + jnp.log(l))
 
   _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
@@ -321,14 +336,14 @@ def _query_tile(q_ref, k_ref, v_ref, cq_cols, sq_col, ck_rows, sk_row, do_ref, l
   """P and dP = dO V^T of one [query, key] tile (row term and dQ kernels)."""
   bq, bk = q_ref.shape[0], k_ref.shape[0]
   s = tile_logits_2d(_matmul(q_ref[...], k_ref[...], NT), _col(cq_cols), _row(ck_rows),
-                     sq_col[:, :1], sk_row[:1, :], _positions(q_start, (bq, 1), 0),
+                     _column(sq_col), sk_row[...], _positions(q_start, (bq, 1), 0),
                      _positions(k_start, (1, bk), 1), scale, causal, window)
-  p = jnp.exp(s - lse_col[:, :1])
+  p = jnp.exp(s - _column(lse_col))
   return p, _matmul(do_ref[...], v_ref[...], NT)
 
 
 def _row_term_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, cql_col, sq_col,
-                     ck_row, ckl_row, sk_row, do_ref, lse_col, delta_col, delta_sc, *, scale, sweep):
+                     ck_row, ckl_row, sk_row, do_ref, lse_col, delta_row, delta_sc, *, scale, sweep):
   """delta_i = sum_j P_ij dP_ij over the dQ kernel's tiles (bf16/fp16 inputs; row_term.py)."""
   def init():
     delta_sc[...] = jnp.zeros(delta_sc.shape, jnp.float32)
@@ -339,7 +354,7 @@ def _row_term_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, 
     delta_sc[...] += jnp.sum(p * dp, axis=1, keepdims=True)
 
   def finish():
-    delta_col[...] = delta_sc[...]
+    delta_row[...] = _as_row(delta_sc[...])
 
   _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
@@ -352,7 +367,7 @@ def _dq_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, cql_co
   def tile(q_start, k_start, causal, window):
     p, dp = _query_tile(q_ref, k_ref, v_ref, (cq_col, cql_col), sq_col, (ck_row, ckl_row), sk_row,
                         do_ref, lse_col, q_start, k_start, causal, window, scale)
-    ds = p * (dp - delta_col[:, :1])
+    ds = p * (dp - _column(delta_col))
     k = k_ref[...]
     dq_sc[...] += _matmul(ds.astype(k.dtype), k, NN)
 
@@ -363,7 +378,7 @@ def _dq_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_col, cql_co
 
 
 def _dkv_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, cql_row, sq_row, ck_col,
-                ckl_col, sk_col, do_ref, lse_row, delta_row, dk_ref, dv_ref, dc_col, dk_sc, dv_sc,
+                ckl_col, sk_col, do_ref, lse_row, delta_row, dk_ref, dv_ref, dc_row, dk_sc, dv_sc,
                 dc_sc, *, scale, sweep):
   """dK, dV and dc_j = -sum_i dS_ij of one key block, on transposed tiles S^T [key, query]."""
   bq, bk = q_ref.shape[0], k_ref.shape[0]
@@ -375,35 +390,28 @@ def _dkv_kernel(schedule_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, cq_row, cql_r
   def tile(q_start, k_start, causal, window):
     q, do = q_ref[...], do_ref[...]
     s_t = tile_logits_2d(_matmul(k_ref[...], q, NT), _row((cq_row, cql_row)), _col((ck_col, ckl_col)),
-                         sq_row[:1, :], sk_col[:, :1], _positions(q_start, (1, bq), 1),
+                         sq_row[...], _column(sk_col), _positions(q_start, (1, bq), 1),
                          _positions(k_start, (bk, 1), 0), scale, causal, window)
-    p_t = jnp.exp(s_t - lse_row[:1, :])
+    p_t = jnp.exp(s_t - lse_row[...])
     dv_sc[...] += _matmul(p_t.astype(do.dtype), do, NN)
-    ds_t = p_t * (_matmul(v_ref[...], do, NT) - delta_row[:1, :])
+    ds_t = p_t * (_matmul(v_ref[...], do, NT) - delta_row[...])
     dk_sc[...] += _matmul(ds_t.astype(q.dtype), q, NN)
-    dc_sc[...] -= ds_t.sum(axis=1, keepdims=True)
+    dc_sc[...] -= ds_t.sum(axis=1, keepdims=True)  # [bk, 128], every lane alike
 
   def finish():
     dk_ref[...] = (dk_sc[...] * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
-    dc_col[...] = dc_sc[...]
+    dc_row[...] = _as_row(dc_sc[...])
 
   _sweep_step(schedule_ref, lo_ref, hi_ref, init=init, tile=tile, finish=finish, **sweep)
 
 
 # ------------------------------------------------------------------------------ pallas_calls
 
-def columns(x):
-  """[B, H, T] -> [B, H, T, 128]: the lane-broadcast layout of an outer side's vector (of each
-  part of a two-float c)."""
-  return decay.tree_map(lambda x: jnp.broadcast_to(x[..., None], x.shape + (LANES,)), x)
-
-
-def rows(x):
-  """[B, H, T] -> [B, H, 8, T]: the sublane-broadcast layout of a streamed side's vector (of
-  each part of a two-float c)."""
-  return decay.tree_map(
-      lambda x: jnp.broadcast_to(x[..., None, :], x.shape[:2] + (SUBLANES,) + x.shape[2:]), x)
+def vectors(x):
+  """[B, H, T] -> [B, H, 1, T], the layout of every position vector (of each part of a
+  two-float c), outer or streamed side alike: a reshape, nothing broadcast in HBM."""
+  return decay.tree_map(lambda x: x[:, :, None, :], x)
 
 
 def _interpret_mode(interpret):
@@ -440,10 +448,10 @@ class _Sweep:
       return jnp.minimum(jnp.maximum(i, lo_ref[index]), hi_ref[index] - 1)
     self._outer, self._inner = outer, inner
 
-  def outer(self, lanes=None, group=1):
-    """An outer-side [B, H, T, D] block, or a column block with ``lanes``; ``group`` > 1: of a
-    k/v operand, whose head h // group query head h reads (gqa.py)."""
-    return pl.BlockSpec((None, None, self.outer_block, lanes or self.head_dim),
+  def outer(self, group=1):
+    """An outer-side [B, H, T, D] block; ``group`` > 1: of a k/v operand, whose head h // group
+    query head h reads (gqa.py)."""
+    return pl.BlockSpec((None, None, self.outer_block, self.head_dim),
                         lambda b, h, step, *refs: (b, kv_head(h, group), self._outer(step, *refs), 0))
 
   def inner_seq(self, group=1):
@@ -451,8 +459,15 @@ class _Sweep:
                         lambda b, h, step, *refs: (b, kv_head(h, group), self._inner(b, h, step, *refs), 0))
 
   def inner_row(self):
-    return pl.BlockSpec((None, None, SUBLANES, self.inner_block),
+    """A streamed-side vector's [1, block] of its [B, H, 1, T] array."""
+    return pl.BlockSpec((None, None, 1, self.inner_block),
                         lambda b, h, step, *refs: (b, h, 0, self._inner(b, h, step, *refs)))
+
+  def outer_row(self):
+    """An outer-side vector's [1, block] of its [B, H, 1, T] array (the kernel makes it a
+    column)."""
+    return pl.BlockSpec((None, None, 1, self.outer_block),
+                        lambda b, h, step, *refs: (b, h, 0, self._outer(step, *refs)))
 
   def call(self, kernel, in_specs, out_specs, out_shape, scratch, interpret, name, *args, **kw):
     return pl.pallas_call(
@@ -468,8 +483,9 @@ class _Sweep:
     )(*self.prefetch, *args)
 
 
-def _f32(shape):
-  return jax.ShapeDtypeStruct(shape, jnp.float32)
+def _vector(q):
+  """A [B, H, 1, T] float32 output (lse, delta, dc) for q [B, H, T, D]."""
+  return jax.ShapeDtypeStruct((q.shape[0], q.shape[1], 1, q.shape[2]), jnp.float32)
 
 
 def _forward(q, k, v, c, seg, threshold, sm_scale, sizes, interpret, window):
@@ -479,20 +495,21 @@ def _forward(q, k, v, c, seg, threshold, sm_scale, sizes, interpret, window):
   bq, bk = sizes.block_q, sizes.block_k
   sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
                  threshold is not None)
+  cs = (*vectors(c), vectors(seg))
   o, lse = sweep.call(
       _forward_kernel,
-      [sweep.outer(), sweep.inner_seq(group), sweep.inner_seq(group)] + [sweep.outer(LANES)] * 3
+      [sweep.outer(), sweep.inner_seq(group), sweep.inner_seq(group)] + [sweep.outer_row()] * 3
       + [sweep.inner_row()] * 3,
-      [sweep.outer(), sweep.outer(LANES)],
-      [jax.ShapeDtypeStruct(q.shape, q.dtype), _f32((batch, heads, seq_len, LANES))],
+      [sweep.outer(), sweep.outer_row()],
+      [jax.ShapeDtypeStruct(q.shape, q.dtype), _vector(q)],
       [(bq, LANES), (bq, LANES), (bq, head_dim)], interpret, "forgetting_attention_tpu_fwd",
-      q, k, v, *columns(c), columns(seg), *rows(c), rows(seg), scale=sm_scale)
-  return o, lse[..., 0]
+      q, k, v, *cs, *cs, scale=sm_scale)
+  return o, lse[:, :, 0]
 
 
 def _query_sweep_inputs(sweep, group):
   """Specs of q, k, v, c/seg (columns, rows), dO, lse and delta for the row term and dQ."""
-  col, row = sweep.outer(LANES), sweep.inner_row()
+  col, row = sweep.outer_row(), sweep.inner_row()
   return [sweep.outer(), sweep.inner_seq(group), sweep.inner_seq(group), col, col, col, row, row, row,
           sweep.outer(), col, col]
 
@@ -503,12 +520,12 @@ def _row_term(q, k, v, c, seg, threshold, do, lse, sm_scale, sizes, interpret, w
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
   sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
                  threshold is not None)
+  cs = (*vectors(c), vectors(seg))
   delta = sweep.call(
-      _row_term_kernel, _query_sweep_inputs(sweep, heads // k.shape[1])[:-1], sweep.outer(LANES),
-      _f32((batch, heads, seq_len, LANES)), [(bq, LANES)], interpret,
-      "forgetting_attention_tpu_row_term",
-      q, k, v, *columns(c), columns(seg), *rows(c), rows(seg), do, columns(lse), scale=sm_scale)
-  return delta[..., 0]
+      _row_term_kernel, _query_sweep_inputs(sweep, heads // k.shape[1])[:-1], sweep.outer_row(),
+      _vector(q), [(bq, LANES)], interpret, "forgetting_attention_tpu_row_term",
+      q, k, v, *cs, *cs, do, vectors(lse), scale=sm_scale)
+  return delta[:, :, 0]
 
 
 def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, interpret, window):
@@ -520,17 +537,17 @@ def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, inter
   bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
   sweep = _Sweep(query_ranges(c, threshold, bq, bk, window), bk, bq, head_dim, False, window,
                  threshold is not None)
-  col, row = sweep.outer(LANES), sweep.inner_row()
+  col, row = sweep.outer_row(), sweep.inner_row()
   share = lambda x: jax.ShapeDtypeStruct(q.shape, x.dtype if group == 1 else jnp.float32)
+  cs = (*vectors(c), vectors(seg))
   dk, dv, dc = sweep.call(
       _dkv_kernel,
       [sweep.inner_seq(), sweep.outer(group=group), sweep.outer(group=group), row, row, row, col, col, col,
        sweep.inner_seq(), row, row],
       [sweep.outer(), sweep.outer(), col],
-      [share(k), share(v), _f32((batch, heads, seq_len, LANES))],
+      [share(k), share(v), _vector(q)],
       [(bk, head_dim), (bk, head_dim), (bk, LANES)], interpret, "forgetting_attention_tpu_dkv",
-      q, k, v, *rows(c), rows(seg), *columns(c), columns(seg), do, rows(lse), rows(delta),
-      scale=sm_scale)
+      q, k, v, *cs, *cs, do, vectors(lse), vectors(delta), scale=sm_scale)
 
   bq, bk = sizes.block_q_dq, sizes.block_k_dq
   sweep = _Sweep(key_ranges(c, threshold, bq, bk, window), bq, bk, head_dim, True, window,
@@ -538,9 +555,8 @@ def _backward(q, k, v, c, seg, threshold, do, lse, delta, sm_scale, sizes, inter
   dq = sweep.call(
       _dq_kernel, _query_sweep_inputs(sweep, group), sweep.outer(), jax.ShapeDtypeStruct(q.shape, q.dtype),
       [(bq, head_dim)], interpret, "forgetting_attention_tpu_dq",
-      q, k, v, *columns(c), columns(seg), *rows(c), rows(seg), do, columns(lse), columns(delta),
-      scale=sm_scale)
-  return dq, group_sum(dk, group, 1, k.dtype), group_sum(dv, group, 1, v.dtype), dc[..., 0]
+      q, k, v, *cs, *cs, do, vectors(lse), vectors(delta), scale=sm_scale)
+  return dq, group_sum(dk, group, 1, k.dtype), group_sum(dv, group, 1, v.dtype), dc[:, :, 0]
 
 
 # static = (sm_scale, sizes, interpret, window); the custom_vjp is the one in vjp.py

@@ -25,14 +25,12 @@ float32 copies of K and of V. G = 1 keeps the previous launches and outputs exac
 import inspect
 import importlib.util
 
-import jax
 import jax.numpy as jnp
 
 from .backends import Backend, register_backend
-from .vjp import BackendKernels, differentiable
-from .gqa import group_sum
 from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
-from .pallas_gpu import LOG2_E, MIN_BLOCK, SUPPORTED_HEAD_DIMS, _decay_cumsum, _row_term_from_output, on_gpu
+from .gpu_calls import LOG2_E, GpuKernels, Shapes, Static, grad_scale, pair_kernels, single_device
+from .pallas_gpu import MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
 
 INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
                 "pip install 'lpcjax[triton]' on Python >= 3.12 (jax-triton 0.4 needs "
@@ -87,58 +85,81 @@ def _launch(kernel_name, grid, inputs, out_types, head_dim, **constexprs):
                                        constexprs)
 
 
-def kernel_constexprs(q, sm_scale, prune, window, kv_heads=None):
-  """The constexprs every kernel takes (WINDOW = 0: no window; kv_heads None: q's heads)."""
-  batch, seq_len, heads, head_dim = q.shape
-  return dict(scale2=float(sm_scale * LOG2_E), SEQ_LEN=seq_len, HEADS=heads,
-              KV_HEADS=kv_heads or heads, HEAD_DIM=head_dim,
-              WINDOW=window or 0, PRUNE=prune, IEEE=q.dtype == jnp.float32)
+def kernel_constexprs(q, k, static):
+  """The constexprs every kernel takes (WINDOW = 0: no window; PAIR for a ring pair)."""
+  shapes = Shapes.of(q, k, static)
+  return dict(scale2=float(static.sm_scale * LOG2_E), SEQ_Q=shapes.q_len, SEQ_K=shapes.k_len,
+              HEADS=shapes.heads, KV_HEADS=shapes.heads // shapes.group, HEAD_DIM=shapes.head_dim,
+              WINDOW=static.window or 0, PRUNE=static.prune, IEEE=q.dtype == jnp.float32,
+              PAIR=static.pair)
 
 
-def _vector(q):
-  return jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32)
+def _inputs(q, k, v, ops):
+  return (q, k, v, ops.c_q.hi, ops.c_q.lo, ops.seg_q, ops.c_k.hi, ops.c_k.lo, ops.seg_k,
+          ops.thr.astype(jnp.float32), ops.offsets)
 
 
-def _forward(q, k, v, c, seg, thr, sm_scale, sizes, prune, window):
-  """o [B, T, H, D] and lse2 [B, H, T] of padded inputs."""
-  batch, seq_len, heads, head_dim = q.shape
-  bq, bk = sizes.block_q, sizes.block_k
-  o, lse2 = _launch("forward_kernel", (seq_len // bq, batch, heads), (q, k, v, *c, seg, thr),
-                    (jax.ShapeDtypeStruct(q.shape, q.dtype), _vector(q)), head_dim,
-                    BLOCK_Q=bq, BLOCK_K=bk, **kernel_constexprs(q, sm_scale, prune, window, k.shape[2]))
-  return o, lse2
+def _forward(q, k, v, ops, static):
+  """o and lse2 [B, H, Tq] of padded inputs."""
+  shapes = Shapes.of(q, k, static)
+  bq, bk = static.sizes.block_q, static.sizes.block_k
+  return _launch("forward_kernel", (shapes.q_len // bq, shapes.batch, shapes.heads), _inputs(q, k, v, ops),
+                 (shapes.like(q, q.dtype), shapes.vector(shapes.q_len)), shapes.head_dim,
+                 BLOCK_Q=bq, BLOCK_K=bk, **kernel_constexprs(q, k, static))
 
 
-def _row_term(q, k, v, c, seg, thr, do, lse2, sm_scale, sizes, prune, window):
-  """delta [B, H, T] recomputed from the tiles (bf16/fp16, row_term.py), on dQ's grid."""
-  batch, seq_len, heads, head_dim = q.shape
-  return _launch("row_term_kernel", (seq_len // sizes.block_q_dq, batch, heads),
-                 (q, k, v, *c, seg, thr, do, lse2), _vector(q), head_dim, BLOCK_Q=sizes.block_q_dq,
-                 BLOCK_K=sizes.block_k_dq, **kernel_constexprs(q, sm_scale, prune, window, k.shape[2]))
+def _row_term(q, k, v, ops, do, lse2, static):
+  """delta [B, H, Tq] recomputed from the tiles (bf16/fp16, row_term.py), on dQ's grid."""
+  shapes = Shapes.of(q, k, static)
+  bq, bk = static.sizes.block_q_dq, static.sizes.block_k_dq
+  return _launch("row_term_kernel", (shapes.q_len // bq, shapes.batch, shapes.heads),
+                 _inputs(q, k, v, ops) + (do, lse2), shapes.vector(shapes.q_len), shapes.head_dim,
+                 BLOCK_Q=bq, BLOCK_K=bk, **kernel_constexprs(q, k, static))
 
 
-def _backward(q, k, v, c, seg, thr, do, lse2, delta, sm_scale, sizes, prune, window):
-  """dq, dk, dv and dc [B, H, T]; dk, dv summed over each group's per-query-head shares."""
-  batch, seq_len, heads, head_dim = q.shape
-  group = heads // k.shape[2]
-  common = kernel_constexprs(q, sm_scale, prune, window, k.shape[2])
-  inputs = (q, k, v, *c, seg, thr, do, lse2, delta)
-  bq, bk = sizes.block_q_dq, sizes.block_k_dq
-  dq = _launch("dq_kernel", (seq_len // bq, batch, heads), inputs,
-               jax.ShapeDtypeStruct(q.shape, q.dtype), head_dim, BLOCK_Q=bq, BLOCK_K=bk,
-               sm_scale=float(sm_scale), **common)
-  bq, bk = sizes.block_q_dkv, sizes.block_k_dkv
-  share = lambda x: jax.ShapeDtypeStruct(q.shape, x.dtype if group == 1 else jnp.float32)
-  dk, dv, dc = _launch("dkv_kernel", (seq_len // bk, batch, heads), inputs,
-                       (share(k), share(v), _vector(q)),
-                       head_dim, BLOCK_Q=bq, BLOCK_K=bk, sm_scale=float(sm_scale), **common)
-  return dq, group_sum(dk, group, 2, k.dtype), group_sum(dv, group, 2, v.dtype), dc
+def _backward_dq(q, k, v, ops, do, lse2, delta, static):
+  shapes = Shapes.of(q, k, static)
+  bq, bk = static.sizes.block_q_dq, static.sizes.block_k_dq
+  return _launch("dq_kernel", (shapes.q_len // bq, shapes.batch, shapes.heads),
+                 _inputs(q, k, v, ops) + (do, lse2, delta), shapes.like(q, q.dtype), shapes.head_dim,
+                 BLOCK_Q=bq, BLOCK_K=bk, grad_scale=grad_scale(static), **kernel_constexprs(q, k, static))
 
 
-# static = (sm_scale, sizes, prune, window); the custom_vjp is the one in vjp.py
-_attention = differentiable(BackendKernels(
-    cumsum=_decay_cumsum, forward=_forward, row_term=_row_term,
-    row_term_from_output=_row_term_from_output, backward=_backward, seq_axis=2))
+def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
+  """dk, dv summed over each group's per-query-head shares, and dc [B, H, Tk]."""
+  shapes = Shapes.of(q, k, static)
+  bq, bk = static.sizes.block_q_dkv, static.sizes.block_k_dkv
+  dk, dv, dc = _launch("dkv_kernel", (shapes.k_len // bk, shapes.batch, shapes.heads),
+                       _inputs(q, k, v, ops) + (do, lse2, delta),
+                       (shapes.key_shares(k), shapes.key_shares(v), shapes.vector(shapes.k_len)),
+                       shapes.head_dim, BLOCK_Q=bq, BLOCK_K=bk, grad_scale=grad_scale(static),
+                       **kernel_constexprs(q, k, static))
+  return shapes.summed(dk, k), shapes.summed(dv, v), dc
+
+
+KERNELS = GpuKernels(_forward, _row_term, _backward_dq, _backward_dkv)
+_attention = single_device(KERNELS)  # the custom_vjp of vjp.py
+
+
+def fit_block_sizes(block_sizes, seq_len, head_dim):
+  """``block_sizes`` (default: ``default_block_sizes``) fitted to seq_len, at least 16."""
+  return (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
+
+
+def check_runnable(interpret=False):
+  """One line, before anything is traced, where the kernels cannot launch: jax-triton missing,
+  interpret mode asked for, or no GPU (a test's ``launcher`` stands in for all three)."""
+  if launcher is not None:
+    return
+  try:
+    import jax_triton  # noqa: F401  (fail here, in one line, not inside a trace)
+  except ImportError:
+    raise ImportError(INSTALL_HINT) from None
+  if interpret:
+    raise ValueError("forgetting_attention: impl='triton' has no interpret mode (jax-triton "
+                     "lowers only for GPUs); on CPU use impl='pallas' with interpret=True")
+  if not on_gpu():
+    raise ValueError("forgetting_attention: impl='triton' needs a GPU; on CPU use impl='xla'")
 
 
 def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
@@ -150,29 +171,22 @@ def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None
   """
   seq_len, head_dim = q.shape[1], q.shape[-1]
   require_head_dim("triton", head_dim, SUPPORTED_HEAD_DIMS)
-  if launcher is None:
-    try:
-      import jax_triton  # noqa: F401  (fail here, in one line, not inside a trace)
-    except ImportError:
-      raise ImportError(INSTALL_HINT) from None
-    if interpret:
-      raise ValueError("forgetting_attention: impl='triton' has no interpret mode (jax-triton "
-                       "lowers only for GPUs); on CPU use impl='pallas' with interpret=True")
-    if not on_gpu():
-      raise ValueError("forgetting_attention: impl='triton' needs a GPU; on CPU use impl='xla'")
-  sizes = (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
+  check_runnable(interpret)
+  sizes = fit_block_sizes(block_sizes, seq_len, head_dim)
   padded_len = padded_length(seq_len, sizes.largest)
   prune = prune_threshold is not None
   thr = (prune_threshold if prune else jnp.zeros(q.shape[:1] + q.shape[2:3]))  # natural units, as c
   o = _attention(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
                  heads_major(log_fgate, padded_len).astype(jnp.float32),
                  heads_major(segment_ids, padded_len).astype(jnp.int32),
-                 thr.astype(jnp.float32), (float(sm_scale), sizes, prune, window))
+                 thr.astype(jnp.float32), (Static(float(sm_scale), sizes, prune, window),))
   return o[:, :seq_len]
 
 
 # Compiled on NVIDIA GPUs only (no interpret mode), with jax-triton installed (Python >= 3.12);
-# off "auto" (no priority) until GPU figures say otherwise.
+# off "auto" (no priority) until GPU figures say otherwise. Its pair kernels run the ring when
+# named (attention_impl="triton").
 register_backend(Backend("triton", triton_attention, platforms=("gpu",), head_dims=SUPPORTED_HEAD_DIMS,
                          dtypes=("bfloat16", "float16", "float32"),
-                         available=lambda: importlib.util.find_spec("jax_triton") is not None))
+                         available=lambda: importlib.util.find_spec("jax_triton") is not None,
+                         pair_kernels=pair_kernels(KERNELS, fit_block_sizes, check_runnable)))

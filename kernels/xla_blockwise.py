@@ -44,7 +44,7 @@ from jax import lax
 from . import decay
 from .backends import Backend, PairKernels, register_backend
 
-from .block_sizes import BlockSizes, first_key_block_in_window, floor_div, heads_major, padded_length
+from .block_sizes import BlockSizes, heads_major, key_block_ranges, padded_length, query_block_ranges
 from .gqa import grouped, ungrouped
 from .pruning import unless_skipped
 from . import row_term
@@ -114,22 +114,17 @@ def _probabilities(s, lse):
 def _key_blocks(q_start, bq, bk, num_k_blocks, window, k_offset):
   """[lo, hi) of the key blocks that the query block whose first row sits at global position
   ``q_start`` can see: causal (no key after its last row) and, with a window, none wholly
-  before the band."""
-  seen = q_start + bq - k_offset  # keys at local index < seen precede the block's last row
-  hi = jnp.clip(floor_div(jnp.maximum(seen, 0) + bk - 1, bk), 0, num_k_blocks)
-  return first_key_block_in_window(q_start - k_offset, bk, window), hi
+  before the band (block_sizes.key_block_ranges; this sweep masks every tile it visits)."""
+  first, _, _, end = key_block_ranges(q_start - k_offset, bq, bk, num_k_blocks, window)
+  return first, end
 
 
 def _query_blocks(k_start, bk, bq, num_q_blocks, window, q_offset):
   """[lo, hi) of the query blocks that see the key block whose first key sits at global
   position ``k_start``: none wholly before it (causal) and, with a window, none wholly past
-  the band (its last key is seen up to row k_start + bk + window - 2)."""
-  lo = jnp.minimum(floor_div(jnp.maximum(k_start - q_offset, 0), bq), num_q_blocks)
-  if window is None:
-    return lo, num_q_blocks
-  last_row = k_start + bk + window - 2 - q_offset
-  hi = jnp.where(last_row < 0, 0, jnp.minimum(floor_div(jnp.maximum(last_row, 0), bq) + 1, num_q_blocks))
-  return lo, hi
+  the band (block_sizes.query_block_ranges)."""
+  first, _, _, end = query_block_ranges(k_start - q_offset, bq, bk, num_q_blocks, window)
+  return first, end
 
 
 def _sweep(tile, c, block, lo, hi, carry, thr, tile_gates):
@@ -166,11 +161,14 @@ def _query_block_sweep(tile, q_side, k, c_k, thr, offsets, bq, bk, window, init)
   return out
 
 
-def pair_forward(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, bq, bk, window):
+def pair_forward(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, sizes, window, interpret=False):
   """q: [B, HQ, Tq, D], k, v: [B, H, Tk, D] (H divides HQ: gqa.py); c_*, seg_*: [B, HQ, T*]
   (c_* a decay.TwoFloat, or plain float32 arrays). Returns o [B, HQ, Tq, D] (float32) and lse
-  [B, HQ, Tq]."""
+  [B, HQ, Tq]. ``sizes``: a fitted BlockSizes, of which these sweeps use block_q, block_k;
+  ``interpret`` is the ring's for the Pallas kernels (plain JAX has nothing to interpret)."""
+  del interpret
   batch, heads, _, head_dim = q.shape
+  bq, bk = sizes.block_q, sizes.block_k
 
   def tile(q_start, blocks, k_start, local, c_blk, carry):
     q_blk, c_blk_q, seg_blk_q = blocks
@@ -195,10 +193,13 @@ def pair_forward(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, bq, bk
   return _merge_blocks(o, 2), _merge_blocks(lse, 2)
 
 
-def pair_row_term(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, sm_scale, bq, bk, window):
+def pair_row_term(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, sm_scale, sizes, window,
+                  interpret=False):
   """This pair's part of delta_i = sum_j P_ij dP_ij [B, H, Tq] in float32, over the same tiles
   as the dq sweep (see row_term.py: with bf16/fp16 inputs this replaces rowsum(o * dO)); ``lse``
   is the row's log-normalizer over all keys."""
+  del interpret
+  bq, bk = sizes.block_q, sizes.block_k
 
   def tile(q_start, blocks, k_start, local, c_blk, delta):
     q_blk, c_blk_q, seg_blk_q, do_blk, lse_blk = blocks
@@ -212,9 +213,11 @@ def pair_row_term(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, sm_sca
   return _merge_blocks(delta, 2)
 
 
-def pair_backward_dq(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, delta, sm_scale, bq, bk,
-                     window):
+def pair_backward_dq(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, delta, sm_scale, sizes,
+                     window, interpret=False):
   """This pair's part of dq [B, H, Tq, D], float32 (not yet times sm_scale)."""
+  del interpret
+  bq, bk = sizes.block_q, sizes.block_k
 
   def tile(q_start, blocks, k_start, local, c_blk, dq):
     q_blk, c_blk_q, seg_blk_q, do_blk, lse_blk, delta_blk = blocks
@@ -229,10 +232,12 @@ def pair_backward_dq(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, del
   return _merge_blocks(dq, 2)
 
 
-def pair_backward_dkv(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, delta, sm_scale, bq, bk,
-                      window):
+def pair_backward_dkv(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, delta, sm_scale, sizes,
+                      window, interpret=False):
   """This pair's part of (dk (not yet times sm_scale), dv, dc_k), all float32; dk, dv [B, H,
   Tk, D] summed over each group's query heads, dc_k [B, HQ, Tk]."""
+  del interpret
+  bq, bk = sizes.block_q, sizes.block_k
   q_offset, k_offset = offsets
   kv_heads = k.shape[1]
   num_q_blocks = q.shape[2] // bq
@@ -264,8 +269,8 @@ def pair_backward_dkv(q, k, v, c_q, c_k, seg_q, seg_k, thr, offsets, do, lse, de
 
 # Self-attention: the sequence paired with itself, in the layout of vjp.BackendKernels.
 
-def _forward(q, k, v, c, seg, thr, sm_scale, bq, bk, window):
-  o, lse = pair_forward(q, k, v, c, c, seg, seg, thr, (0, 0), sm_scale, bq, bk, window)
+def _forward(q, k, v, c, seg, thr, sm_scale, sizes, window):
+  o, lse = pair_forward(q, k, v, c, c, seg, seg, thr, (0, 0), sm_scale, sizes, window)
   return o.astype(q.dtype), lse
 
 
@@ -273,14 +278,14 @@ def _row_term(q, k, v, c, seg, thr, do, lse, *static):
   return pair_row_term(q, k, v, c, c, seg, seg, thr, (0, 0), do, lse, *static)
 
 
-def _backward(q, k, v, c, seg, thr, do, lse, delta, sm_scale, bq, bk, window):
-  args = (q, k, v, c, c, seg, seg, thr, (0, 0), do, lse, delta, sm_scale, bq, bk, window)
+def _backward(q, k, v, c, seg, thr, do, lse, delta, sm_scale, sizes, window):
+  args = (q, k, v, c, c, seg, seg, thr, (0, 0), do, lse, delta, sm_scale, sizes, window)
   dq = pair_backward_dq(*args)
   dk, dv, dc = pair_backward_dkv(*args)
   return ((dq * sm_scale).astype(q.dtype), (dk * sm_scale).astype(k.dtype), dv.astype(v.dtype), dc)
 
 
-# static = (sm_scale, bq, bk, window)
+# static = (sm_scale, sizes, window)
 _blockwise = differentiable(BackendKernels(
     cumsum=lambda log_fgate: decay.cumsum(log_fgate, axis=-1), forward=_forward, row_term=_row_term,
     row_term_from_output=row_term.from_output, backward=_backward, seq_axis=2))
@@ -296,15 +301,23 @@ def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, i
   """
   del interpret  # plain JAX: nothing to interpret
   seq_len = q.shape[1]
-  sizes = (block_sizes or BlockSizes()).fitted(seq_len)
-  bq, bk = sizes.block_q, sizes.block_k
-  padded_len = padded_length(seq_len, max(bq, bk))
+  sizes = fit_block_sizes(block_sizes, seq_len)
+  padded_len = padded_length(seq_len, sizes.largest)
   # Padded keys lie right of every real query, so the causal mask already hides them.
   o = _blockwise(*(heads_major(x, padded_len) for x in (q, k, v, log_fgate, segment_ids)),
-                 prune_threshold, (float(sm_scale), bq, bk, window))
+                 prune_threshold, (float(sm_scale), sizes, window))
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]
+
+
+def fit_block_sizes(block_sizes, seq_len, head_dim=None):
+  """``block_sizes`` (default 128 x 128) fitted to seq_len; every sweep runs block_q x block_k
+  (the backward sizes are set to them, so the padding is a multiple of those two only)."""
+  del head_dim  # any
+  sizes = block_sizes or BlockSizes()
+  return BlockSizes(sizes.block_q, sizes.block_k).fitted(seq_len)
 
 
 # Any platform, any head dim: the last fallback of "auto", and the context-parallel ring's pairs.
 register_backend(Backend("xla", xla_attention, priority=0,
-                         pair_kernels=PairKernels(pair_forward, pair_row_term, pair_backward_dq, pair_backward_dkv)))
+                         pair_kernels=PairKernels(pair_forward, pair_row_term, pair_backward_dq, pair_backward_dkv,
+                                                  fit_block_sizes)))

@@ -154,12 +154,14 @@ def test_a_run_records_where_its_family_is_defined():
 @pytest.mark.parametrize("overrides,message", [
     (["model.attention_impl=pallas", "model.head_dim=8"],
      "model.attention_impl: impl='pallas' supports head_dim in (16, 32, 64, 128), got 8"),
-    (["model.attention_impl=pallas", "train.mesh_context=2"],
-     "model.attention_impl: impl='pallas' has no context-parallel path; backends with one: xla"),
+    (["model.attention_impl=pallas_tpu", "train.mesh_context=2"],
+     "model.attention_impl: impl='pallas_tpu' has no context-parallel path; backends with one: pallas, triton, xla"),
     (["model.attention_impl=triton", "model.dtype=bfloat16", "model.head_dim=12"], "impl='triton' supports head_dim"),
 ])
 def test_the_backend_table_checks_the_config(overrides, message):
   """What a backend cannot run is a one-line error when the config is built (kernels/backends.py)."""
   with pytest.raises(C.ConfigError, match=re.escape(message)):
     C.apply_overrides(base(), overrides)
-  assert C.apply_overrides(base(), ["model.attention_impl=xla", "train.mesh_context=2"]).model.attention_impl == "xla"
+  for impl in ("xla", "pallas", "triton"):  # the ring runs the GPU kernels' pair kernels too
+    overrides = [f"model.attention_impl={impl}", "train.mesh_context=2", "model.head_dim=16"]
+    assert C.apply_overrides(base(), overrides).model.attention_impl == impl

@@ -368,7 +368,8 @@ def test_the_table_declares_what_each_backend_supports(monkeypatch):
   from lpcjax.kernels import backends as table  # the module
   from lpcjax.kernels.xla_blockwise import xla_attention
   assert unsupported("pallas", head_dim=8) == "impl='pallas' supports head_dim in (16, 32, 64, 128), got 8"
-  assert unsupported("pallas", context_parallel=True).startswith("impl='pallas' has no context-parallel path")
+  assert unsupported("reference", context_parallel=True).startswith("impl='reference' has no context-parallel path")
+  assert unsupported("pallas", context_parallel=True) is None  # its kernels take block pairs
   assert unsupported("xla", head_dim=8, window=4, context_parallel=True) is None
   assert unsupported("cuda").startswith("must be one of")
   with pytest.raises(ValueError, match="impl='pallas' supports dtypes"):
@@ -395,3 +396,8 @@ def test_auto_picks_pallas_on_gpu_for_supported_head_dims(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert resolve("auto", 64).name == "pallas" and resolve("auto", 128).name == "pallas"
   assert resolve("auto", 8).name == "xla"  # unsupported by the kernel: the blockwise op
+  # the ring takes the same kernel: its pair kernels run the chunk pairs
+  assert resolve("auto", 64, context_parallel=True).name == "pallas"
+  assert resolve("auto", 8, context_parallel=True).name == "xla"
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  assert resolve("auto", 64, context_parallel=True).name == "xla"

@@ -108,3 +108,40 @@ def test_grouped_query_attention_lowers():
 def test_unsupported_head_dim_is_refused():
   with pytest.raises(ValueError, match="head_dim"):
     lower_for_cuda(loss_and_grads(), *specs(64, 48, jnp.bfloat16))
+
+
+def ring_lowered(dtype, window=None, prune_epsilon=None, devices=4, seq_len=256, heads=2, kv_heads=2):
+  """The context-parallel ring over an abstract mesh of H200s, its chunk pairs run by the
+  Pallas kernels (heads-major chunks, traced offsets, separate row and column vectors)."""
+  from lpcjax.kernels import sharded_forgetting_attention
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+  mesh = jax.sharding.AbstractMesh((devices,), ("context",), (jax.sharding.AxisType.Auto,),
+                                   abstract_device=device)
+
+  def loss(q, k, v, log_f, seg):
+    o = sharded_forgetting_attention(q, k, v, log_f, mesh=mesh, context_axis="context", segment_ids=seg,
+                                     impl="pallas", window=window, prune_epsilon=prune_epsilon)
+    return jnp.sum(o.astype(jnp.float32))
+  q = jax.ShapeDtypeStruct((1, seq_len, heads, 64), dtype)
+  kv = jax.ShapeDtypeStruct((1, seq_len, kv_heads, 64), dtype)
+  args = (q, kv, kv, jax.ShapeDtypeStruct((1, seq_len, heads), jnp.float32),
+          jax.ShapeDtypeStruct((1, seq_len), jnp.int32))
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("dtype,window,prune,kernels", [
+    # balanced layout: 4 chunk pairs a step, traced twice (the scan's body and the last step):
+    # 8 forward, 8 dQ, 8 dK/dV (+ 8 row terms for bf16) kernels
+    (jnp.float32, None, None, 24),
+    (jnp.bfloat16, None, 1e-4, 32),
+    # a window: contiguous, one pair a step
+    (jnp.bfloat16, 80, 1e-4, 8),
+], ids=["f32-balanced", "bf16-balanced-pruned", "bf16-window-pruned"])
+def test_ring_pair_kernels_lower(dtype, window, prune, kernels):
+  assert triton_kernel_count(ring_lowered(dtype, window, prune)) == kernels
+
+
+def test_ring_pair_kernels_lower_with_gqa_under_x64(x64):
+  """Grouped-query heads (K, V at 2 heads for 8) and int64 Python ints beside int32 offsets."""
+  assert triton_kernel_count(ring_lowered(jnp.bfloat16, 80, 1e-4, heads=8, kv_heads=2)) == 8

@@ -215,10 +215,23 @@ def test_grouped_query_attention_lowers_for_tpu(pretend_tpu):
 
 def test_lowers_for_tpu_under_x64_with_small_tiles(pretend_tpu, x64):
   """Under jax_enable_x64 Python ints trace as int64 next to the int32 program ids; the
-  smallest tiles the TPU takes (8- and 16-row outer blocks, 128-lane streamed blocks)."""
+  smallest tiles the TPU takes (128: every block is the lane dim of its vectors' rows)."""
   text = lower_for_tpu(64, jnp.float16, seq_len=300, window=40, prune_epsilon=1e-4,
                        block_sizes=BlockSizes(8, 8))
   assert text.count("tpu_custom_call") == KERNELS[jnp.float16]
+
+
+def test_position_vectors_reach_the_kernels_compact(pretend_tpu):
+  """c's two parts, ids, lse, delta and dc travel as [B, H, 1, T] rows, 4 bytes a (position,
+  head), into and out of every kernel; none as a [B, H, T, 128] lane-broadcast column (512
+  bytes: about 6 GiB of the backward at 8 x 16 heads x 16k once, benchmarks/tpu_backward_memory.py)
+  or an [B, H, 8, T] sublane broadcast."""
+  text = lower_for_tpu(64, jnp.bfloat16, seq_len=512, window=300, prune_epsilon=1e-4)
+  calls = [line for line in text.splitlines() if "tpu_custom_call" in line]
+  assert len(calls) == KERNELS[jnp.bfloat16]
+  for line in calls:
+    assert "1x2x1x512xf32" in line and "1x2x1x512xi32" in line
+    assert "x512x128x" not in line and "x8x512x" not in line
 
 
 def test_lowers_for_tpu_under_remat(pretend_tpu):
@@ -252,7 +265,7 @@ def test_lowers_for_tpu_under_shard_map(pretend_tpu):
 
 def test_block_sizes_fit_the_tpu_tiling_and_vmem():
   sizes = pallas_tpu.tpu_block_sizes(BlockSizes(8, 8), 1000, jnp.bfloat16, 64)
-  assert sizes == BlockSizes(16, 128, 128, 16, 16, 128)  # streamed: lanes; outer: sublanes
+  assert sizes == BlockSizes(*[128] * 6)  # every block is the lane dim of its vectors' rows
   assert pallas_tpu.tpu_block_sizes(None, 100, jnp.float32, 64) == BlockSizes(*[128] * 6)
   for dtype in (jnp.bfloat16, jnp.float32):
     for head_dim in pallas_tpu.SUPPORTED_HEAD_DIMS:

@@ -19,13 +19,15 @@ rows; ``--controls-only`` computes only the rows that read the series alone (raw
 choosing settings); otherwise on the TEST file where the set has one (Wafer's copy has none:
 its held-out split). The set ``synthetic`` is the ``synthetic_series`` kind (``pmt:synthetic_*``
 configs, no files), scored on its test split (``--validation``: its eval split). Runs go to
---run-dir and are reused when their results exist (--fresh to redo). ``--extra`` adds overrides
-to every training run (e.g. a view to try).
+--run-dir and are reused when their results exist (--fresh to redo); a cell stopped part-way
+continues from its last checkpoint when the command runs again. ``--extra`` adds overrides
+to every training run (e.g. a view to try, or ``train.checkpoint_every=100`` for long runs).
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -66,6 +68,8 @@ def run_one(args, name, variant, seed):
   out = os.path.join(run, "eval")
   if os.path.exists(os.path.join(run, "timing.json")) and not args.fresh:
     return _load(run, out)
+  if args.fresh and os.path.exists(run):  # redo: not a resume of the old run
+    shutil.rmtree(run)
   train, test = files(name, args.validation)
   overrides = [f"train.steps={args.steps}", f"train.seed={seed}", f"train.run_dir={args.run_dir}",
                f"train.run_name={os.path.basename(run)}", *args.extra]
@@ -75,7 +79,9 @@ def run_one(args, name, variant, seed):
     overrides.append(f"data.eval_file={test}")
   python = sys.executable
   start = time.perf_counter()
-  train_cpu = _run([python, "train.py", "--config", config_name(name, variant), *overrides])
+  # --resume-or-start: a cell stopped part-way (a signal saves a checkpoint) continues when the same
+  # command runs again; with train.checkpoint_every in --extra, a crash loses at most that many steps.
+  train_cpu = _run([python, "train.py", "--resume-or-start", "--config", config_name(name, variant), *overrides])
   trained = time.perf_counter()
   # Controls once per set and seed: the raw series with the first variant, the random init with
   # PMT (with every variant but λ_PCL = 0 under --random-init-all).

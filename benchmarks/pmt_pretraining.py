@@ -9,18 +9,25 @@ over label seeds), parameter counts, cue-retention AUC by gap, gate values and t
   python benchmarks/pmt_pretraining.py --validation ...   # the TRAIN files only (30 % held out)
   python benchmarks/pmt_pretraining.py --sets synthetic --variants pmt_cue pmt_cue_no_pcl full_cue \
       --random-init-all --seeds 0 1 --probes cue         # the cue-retention claim (docs/pmt.md)
+  python benchmarks/pmt_pretraining.py --sets Wafer ECG5000 --controls-only --minirocket   # no training
+
+``--minirocket`` adds the MiniRocket + ridge control (the ``[rocket]`` extra) to the raw-series
+rows; ``--controls-only`` computes only the rows that read the series alone (raw-series probe,
+1-NN, MiniRocket), in this process, with no pre-training.
 
 ``--validation`` evaluates on a held-out 30 % of each TRAIN file, never the TEST file (for
 choosing settings); otherwise on the TEST file where the set has one (Wafer's copy has none:
 its held-out split). The set ``synthetic`` is the ``synthetic_series`` kind (``pmt:synthetic_*``
 configs, no files), scored on its test split (``--validation``: its eval split). Runs go to
---run-dir and are reused when their results exist (--fresh to redo). ``--extra`` adds overrides
-to every training run (e.g. a view to try).
+--run-dir and are reused when their results exist (--fresh to redo); a cell stopped part-way
+continues from its last checkpoint when the command runs again. ``--extra`` adds overrides
+to every training run (e.g. a view to try, or ``train.checkpoint_every=100`` for long runs).
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +46,7 @@ VARIANTS = {"pmt": "", "pmt_no_pcl": "no_pcl", "full_matched": "full_matched", "
 # λ_PCL = 0 changes the loss, not the parameters: its random init is PMT's (same seed), so it has no
 # random-init control of its own.
 SAME_INIT = {"pmt_no_pcl": "pmt", "pmt_cue_no_pcl": "pmt_cue"}
+FRACTIONS = (0.01, 0.05, 1.0)  # eval.py's default label fractions
 
 
 def config_name(name, variant):
@@ -60,6 +68,8 @@ def run_one(args, name, variant, seed):
   out = os.path.join(run, "eval")
   if os.path.exists(os.path.join(run, "timing.json")) and not args.fresh:
     return _load(run, out)
+  if args.fresh and os.path.exists(run):  # redo: not a resume of the old run
+    shutil.rmtree(run)
   train, test = files(name, args.validation)
   overrides = [f"train.steps={args.steps}", f"train.seed={seed}", f"train.run_dir={args.run_dir}",
                f"train.run_name={os.path.basename(run)}", *args.extra]
@@ -69,11 +79,13 @@ def run_one(args, name, variant, seed):
     overrides.append(f"data.eval_file={test}")
   python = sys.executable
   start = time.perf_counter()
-  train_cpu = _run([python, "train.py", "--config", config_name(name, variant), *overrides])
+  # --resume-or-start: a cell stopped part-way (a signal saves a checkpoint) continues when the same
+  # command runs again; with train.checkpoint_every in --extra, a crash loses at most that many steps.
+  train_cpu = _run([python, "train.py", "--resume-or-start", "--config", config_name(name, variant), *overrides])
   trained = time.perf_counter()
   # Controls once per set and seed: the raw series with the first variant, the random init with
   # PMT (with every variant but λ_PCL = 0 under --random-init-all).
-  controls = ["raw", "1nn"] if variant == args.variants[0] else []
+  controls = raw_control_names(args) if variant == args.variants[0] else []
   if variant == "pmt" or (args.random_init_all and variant not in SAME_INIT):
     controls.append("random")
   probes = args.probes or ("linear,cue" if variant != "full" else "linear")
@@ -84,6 +96,36 @@ def run_one(args, name, variant, seed):
             "train_cpu_seconds": train_cpu, "eval_cpu_seconds": eval_cpu}
   json.dump(timing, open(os.path.join(run, "timing.json"), "w"))
   return _load(run, out)
+
+
+def raw_control_names(args):
+  return ["raw", "1nn"] + (["minirocket"] if args.minirocket else [])
+
+
+def controls_only(args):
+  """{set: {row: cell}} of the controls that need no encoder, computed here from the same
+  splits eval.py reads (pmt:tiny's data section: the TEST file, or the held-out 30 %)."""
+  from lpcjax import data, experiment
+  from lpcjax.evaluation.series import raw_controls
+  options = argparse.Namespace(controls=raw_control_names(args), fractions=FRACTIONS, seeds=args.label_seeds,
+                               classifier="svm", features="cls")
+  out = {}
+  for name in args.sets:
+    train, test = files(name, args.validation)
+    overrides = [f"data.train_file={train}"] + ([f"data.eval_file={test}"] if test else [])
+    config = experiment.apply_overrides(experiment.load_experiment("configs/pmt.py:tiny"), overrides)
+    splits = {split: data.make_source(config.data, 0, split) for split in ("train", "eval")}
+    start = time.perf_counter()
+    out[name] = {"train_series": len(splits["train"]), "eval_series": len(splits["eval"]),
+                 "eval_split": "TEST file" if test else "held-out 30 % of TRAIN",
+                 "rows": raw_controls(splits, options), "seconds": time.perf_counter() - start}
+    print(f"\n{name} ({out[name]['train_series']} training / {out[name]['eval_series']} {out[name]['eval_split']}; "
+          f"{out[name]['seconds']:.0f} s): accuracy, mean ± std over label seeds")
+    for row, cells in out[name]["rows"].items():
+      print(f"  {row:<34}" + "".join(
+          f"{float(f):>6.0%} {c['accuracy']:.3f} ± {c['accuracy_std']:.3f}" + (" (= smaller)" if "same_as" in c else "")
+          for f, c in cells["linear"]["fractions"].items()), flush=True)
+  return out
 
 
 def _run(command):
@@ -188,7 +230,15 @@ def main():
                       help="only the runs already in --run-dir (the table of an interrupted measurement)")
   parser.add_argument("--out", default=None,
                       help="JSON path (default benchmarks/results/pmt_pretraining_<backend>.json)")
+  parser.add_argument("--minirocket", action="store_true",
+                      help="the MiniRocket + ridge control beside the raw-series rows (needs the [rocket] extra)")
+  parser.add_argument("--controls-only", action="store_true",
+                      help="only the rows that need no encoder (raw probe, 1-NN, MiniRocket): no training")
   args = parser.parse_args()
+  if args.controls_only:
+    write_results("pmt_controls", {"command": " ".join(sys.argv), "validation": args.validation,
+                                   "label_seeds": args.label_seeds, "sets": controls_only(args)}, args.out)
+    return
 
   cells = []
   for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds

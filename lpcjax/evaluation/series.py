@@ -7,7 +7,9 @@ beside the controls a reader needs to judge them.
   A fraction that draws the same subsets as a smaller one is one row (with a warning).
 * Controls (``--controls``), in the same JSON, table and plot: ``raw``, the same probe on the
   raw standardized series (missing samples 0); ``1nn``, Euclidean 1-NN on the raw series;
-  ``random``, the run's architecture with fresh weights (linear and cue probes).
+  ``random``, the run's architecture with fresh weights (linear and cue probes); asked for by
+  name, ``minirocket``: MiniRocket features of the raw series with a ridge classifier (the
+  ``[rocket]`` extra; ``minirocket.py``), on the same label fractions.
 * Cue retention (§11): a Hann burst of 0.5 σ over 20 % of a series on channel 0, in a seeded
   half of the series of each split; a logistic regression on the standardized features of the
   final window only (the last block's memory, mean over slots; the baseline's mean of that
@@ -41,11 +43,15 @@ from lpcjax import data
 from lpcjax.data import DataError
 from lpcjax.errors import warn
 from lpcjax.files import write_json_atomic
-from lpcjax.layers.pma import gate_values
+from lpcjax.layers.pma import gate_openings, gate_values
 
 from . import series_probes
+from .minirocket import minirocket_class, minirocket_features
 
 CONTROLS = ("raw", "1nn", "random")
+OPTIONAL_CONTROLS = ("minirocket",)  # asked for by name: it needs an optional extra (minirocket.py)
+RAW_CONTROLS = {"raw": "raw series, same probe", "1nn": "raw series, 1-NN",
+                "minirocket": "raw series, MiniRocket + ridge"}
 CUE_PROTOCOLS = ("paper", "overlap")
 
 
@@ -66,7 +72,8 @@ class SeriesEvaluator:
     parser.add_argument("--seeds", type=int, default=5, help="label subsets (and cue placements) per setting")
     parser.add_argument("--classifier", default="svm", choices=("svm", "logistic"))
     parser.add_argument("--controls", type=_names, default=CONTROLS,
-                        help="controls beside the encoder: raw, 1nn, random (comma-separated; none: no controls)")
+                        help="controls beside the encoder: raw, 1nn, random, minirocket (needs the [rocket] "
+                             "extra; comma-separated; none: no controls; default: all but minirocket)")
     parser.add_argument("--gaps", type=_floats, default=(0, 1, 2, 4),
                         help="cue gaps in windows between the cue's end and the final window's start")
     parser.add_argument("--cue-protocol", default="paper", choices=CUE_PROTOCOLS,
@@ -87,10 +94,12 @@ class SeriesEvaluator:
     splits = {name: data.make_source(config.data, config.train.seed, split)
               for name, split in (("train", "train"), ("eval", options.split))}
     probes = set(options.probes.split(","))
-    unknown = (probes - {"linear", "cue"}) | (set(options.controls) - set(CONTROLS))
+    unknown = (probes - {"linear", "cue"}) | (set(options.controls) - set(CONTROLS + OPTIONAL_CONTROLS))
     if unknown:
       raise DataError(f"unknown probe or control {sorted(unknown)[0]!r}; probes: linear, cue; controls: "
-                      f"{', '.join(CONTROLS)}")
+                      f"{', '.join(CONTROLS + OPTIONAL_CONTROLS)}")
+    if "minirocket" in options.controls and "linear" in probes:
+      minirocket_class()  # a missing extra: one line now, not after the encoder's probes
     if "linear" in probes and len(np.unique(splits["train"].labels)) < 2:
       raise DataError(f"linear probe: the training labels of {config.data.train_file} have one class; "
                       "pre-training ignores labels, the probe needs two (--probes cue)")
@@ -104,15 +113,9 @@ class SeriesEvaluator:
               "train_series": len(splits["train"]), "eval_series": len(splits["eval"]),
               "num_params": int(sum(np.size(p) for p in jax.tree.leaves(variables["params"]))),
               "gates": gate_values(variables["params"]["pma"]) if "pma" in variables["params"] else {},
+              "gate_openings": _gate_openings(run, variables, splits["eval"].x[:options.feature_batch]),
               **_encoder_probes(run, variables, splits, probes, options, cues)}
-    controls = {}
-    if "linear" in probes:
-      raw = {name: raw_features(splits[name].x) for name in splits}
-      for name, classifier, title in (("raw", options.classifier, "raw series, same probe"),
-                                      ("1nn", "1nn", "raw series, 1-NN")):
-        if name in options.controls:
-          controls[title] = {"linear": _linear(raw["train"], splits["train"].labels, raw["eval"],
-                                               splits["eval"].labels, options, classifier)}
+    controls = raw_controls(splits, options) if "linear" in probes else {}
     if "random" in options.controls and not options.random_init:
       controls[f"{config.name} (random init)"] = _encoder_probes(run, fresh, splits, probes, options, cues)
     if controls:
@@ -146,6 +149,9 @@ class SeriesEvaluator:
                      f"{cell['auc_std']:.3f}, top-1 {cell['top1']:.3f}, macro-F1 {cell['macro_f1']:.3f}")
     for block, gates in result.get("gates", {}).items():
       lines.append(f" gates {block}: " + ", ".join(f"{name} {value:.3f}" for name, value in gates.items()))
+    for block, gates in result.get("gate_openings", {}).items():
+      lines.append(f" gate openings {block} (evaluation series): " + ", ".join(
+          f"{name} {value:.3f}" for name, value in gates.items()))
     return lines
 
 
@@ -163,6 +169,33 @@ def _rows(result):
   """{label: {"linear": ..., "cue": ...}}: the encoder's row, then its controls'."""
   own = {key: result[key] for key in ("linear", "cue") if key in result}
   return {result["label"]: own, **result.get("controls", {})}
+
+
+def raw_controls(splits, options):
+  """{title: {"linear": ...}} of the controls in ``options.controls`` that read the series alone
+  (no encoder): the same probe on the raw series, a Euclidean 1-NN on them, MiniRocket features
+  with a ridge classifier. ``splits``: {"train", "eval"} sources with ``x`` and ``labels``."""
+  wanted = [name for name in RAW_CONTROLS if name in options.controls]
+  if "minirocket" in wanted:
+    rocket = minirocket_features(splits["train"].x, splits["eval"].x)
+  out = {}
+  for name in wanted:
+    if name == "minirocket":
+      (train, test), classifier = rocket, "ridge"
+    else:
+      train, test = raw_features(splits["train"].x), raw_features(splits["eval"].x)
+      classifier = options.classifier if name == "raw" else "1nn"
+    out[RAW_CONTROLS[name]] = {"linear": _linear(train, splits["train"].labels, test, splits["eval"].labels, options,
+                                                 classifier)}
+  return out
+
+
+def _gate_openings(run, variables, x):
+  """The PMA gates' mean openings on up to ``--feature-batch`` evaluation series ({} without PMA)."""
+  if "pma" not in variables["params"]:
+    return {}
+  _, sown = run.model.apply(variables, np.asarray(x), mutable=["intermediates"])
+  return gate_openings(sown["intermediates"]["pma"])
 
 
 def _linear(train_x, train_y, test_x, test_y, options, classifier):

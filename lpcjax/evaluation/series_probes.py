@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
-from sklearn.linear_model import LogisticRegression  # noqa: E402
+from sklearn.linear_model import LogisticRegression, RidgeClassifierCV  # noqa: E402
 from sklearn.metrics import accuracy_score, f1_score, roc_auc_score  # noqa: E402
 from sklearn.neighbors import KNeighborsClassifier  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
@@ -22,7 +22,7 @@ from ..data.subsets import stratified_subset  # noqa: E402
 from ..errors import warn  # noqa: E402
 from .plots import finish_plot  # noqa: E402
 
-CLASSIFIERS = ("svm", "logistic", "1nn")
+CLASSIFIERS = ("svm", "logistic", "1nn", "ridge")
 
 
 def _check_finite(name, features):
@@ -39,6 +39,8 @@ def _classifier(kind):
     return LinearSVC(C=1.0, dual="auto", max_iter=10000)
   if kind == "1nn":  # the time-series classification control: Euclidean 1-NN
     return KNeighborsClassifier(n_neighbors=1)
+  if kind == "ridge":  # MiniRocket's classifier (minirocket.py): the penalty by leave-one-out over 10^-3..10^3
+    return RidgeClassifierCV(alphas=np.logspace(-3, 3, 10))
   return LogisticRegression(max_iter=1000)
 
 

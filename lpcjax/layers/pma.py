@@ -276,6 +276,7 @@ class PMABlock(nn.Module):
     carried = self.state_norm(prev)
     summary = jnp.concatenate([carried.mean(-2), candidate.mean(-2), masked_mean(tokens, valid, -2)], -1)
     u = jax.nn.sigmoid(self.write(summary) / self.config.write_gate_temperature)[..., None, :]
+    self.sow("intermediates", "write_opening", u)  # gate_openings: what the gate does (its bias does not say)
     return self.state_norm(carried + u * (candidate - carried))
 
   def token_rows(self, prev, tokens, positions, valid, train):
@@ -288,7 +289,9 @@ class PMABlock(nn.Module):
     mask = jnp.concatenate([jnp.ones(token_keys.shape[:-1] + (n,), bool), token_keys], axis=-1)
     out = self.layer(tokens, keys, mask, positions, key_pos, train)
     carried = self.state_norm(prev).mean(-2)
-    read = jax.nn.sigmoid(self.read_gate(carried)) * self.read_value(carried)
+    opening = jax.nn.sigmoid(self.read_gate(carried))
+    self.sow("intermediates", "read_opening", opening)
+    read = opening * self.read_value(carried)
     return out + read[..., None, :]
 
   # -- the two execution modes
@@ -326,7 +329,8 @@ class PMABlock(nn.Module):
         cur_w, tokens_w, positions_w, valid_w = inputs
         new = block.memory_rows(carry, cur_w, tokens_w, positions_w, valid_w, train)
         return new, new
-      scan = nn.scan(step, variable_broadcast="params", split_rngs={"params": False, "dropout": True})
+      scan = nn.scan(step, variable_broadcast="params", variable_axes={"intermediates": 0},
+                   split_rngs={"params": False, "dropout": True})
       swap = lambda a: jnp.swapaxes(a, 0, 1)
       _, memories = scan(self, start, (swap(cur), swap(tokens), positions, swap(token_valid)))
       memories = swap(memories)
@@ -369,7 +373,8 @@ class PMABlock(nn.Module):
       update = finalize(block, buffer, index, first, stride, 0)
       return (start if stateless else memory, buffer), (memory, update)
 
-    scan = nn.scan(step, variable_broadcast="params", split_rngs={"params": False, "dropout": True})
+    scan = nn.scan(step, variable_broadcast="params", variable_axes={"intermediates": 0},
+                   split_rngs={"params": False, "dropout": True})
     buffer = jnp.zeros((o, batch, window, d), x_in.dtype)
     (_, buffer), (memories, updates) = scan(self, (start, buffer), (jnp.swapaxes(cur, 0, 1), jnp.arange(n)))
     updates = jnp.moveaxis(updates, 0, 1).reshape(batch, n * stride, d)
@@ -413,3 +418,22 @@ def gate_values(stack_params, write_gate_temperature=PMAConfig.write_gate_temper
             "gamma": float(np.asarray(block["aggregator"]["gamma"]))}
 
   return {name: values(block) for name, block in stack_params.items()}
+
+
+def gate_openings(intermediates):
+  """{block: {gate: value}} of the openings the gates had on a batch: the write gate's u and the
+  read gate's σ(W_r m̄ + b_r), mean and std over windows and series, from the "intermediates"
+  a PMAStack sows (``model.apply(variables, x, mutable=["intermediates"])[1]["intermediates"]
+  ["pma"]``). What the gates do, where ``gate_values`` reads their biases: the write gate's
+  input is never 0 (its summary is the mean of RMS-normalized rows), and its kernel, moved by
+  Adam as fast per weight as the bias over 3d inputs, takes over its mean opening within a few
+  steps while the bias stays near its init (docs/pmt.md, "Gates")."""
+  out = {}
+  for name, block in intermediates.items():
+    gates = {}
+    for gate in ("write", "read"):
+      if f"{gate}_opening" in block:  # model.write_gate=false sows no write opening
+        value = np.asarray(block[f"{gate}_opening"][0])
+        gates[f"{gate}_open"], gates[f"{gate}_open_std"] = float(value.mean()), float(value.std())
+    out[name] = gates
+  return out

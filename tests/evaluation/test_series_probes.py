@@ -18,7 +18,7 @@ def clusters(n, classes=3, dim=3, spread=0.3, seed=0):
   return features, labels
 
 
-@pytest.mark.parametrize("classifier", ["svm", "logistic"])
+@pytest.mark.parametrize("classifier", ["svm", "logistic", "ridge"])
 def test_linear_probe_separable(classifier):
   train_x, train_y = clusters(300)
   test_x, test_y = clusters(150, seed=1)

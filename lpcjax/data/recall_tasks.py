@@ -119,7 +119,8 @@ class DelayedIdConfig(TaskConfig):
 
   def __post_init__(self):
     super().__post_init__()
-    low, high, gap, repeat = self.delayed_id_min_ids, self.delayed_id_max_ids, self.delayed_id_gap, self.delayed_id_repeat
+    low, high = self.delayed_id_min_ids, self.delayed_id_max_ids
+    gap, repeat = self.delayed_id_gap, self.delayed_id_repeat
     require(1 <= low <= high, "data.delayed_id_min_ids", f"must be in [1, delayed_id_max_ids={high}], got {low}")
     require(gap >= 0, "data.delayed_id_gap", f"must be >= 0, got {gap}")
     require(repeat >= 1, "data.delayed_id_repeat", f"must be >= 1, got {repeat}")

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels import forgetting_attention, pallas_tpu
+from triton_compile import mlir_operations  # benchmarks/ is the script's directory
 
 BACKWARD = ("dkv", "dq", "row_term")
 
@@ -61,14 +62,6 @@ def lowered_module(args):
   return grad.trace(*specs).lower(lowering_platforms=("tpu",)).compiler_ir("stablehlo")
 
 
-def _walk(op):
-  for region in op.regions:
-    for block in region.blocks:
-      for inner in block.operations:
-        yield inner.operation
-        yield from _walk(inner.operation)
-
-
 def _vector_bytes(value_type):
   """Bytes of a 32-bit array of rank >= 3 (a position vector), else 0."""
   from jax._src.lib.mlir import ir
@@ -84,7 +77,7 @@ def _vector_bytes(value_type):
 def kernel_rows(module):
   """(kernel name, vector bytes in, vector bytes out, their shapes) per tpu_custom_call."""
   rows = []
-  for op in _walk(module.operation):
+  for op in mlir_operations(module.operation):
     if op.name != "stablehlo.custom_call" or "tpu_custom_call" not in str(op.attributes["call_target_name"]):
       continue
     name = str(op.attributes["kernel_name"]).strip('"').removeprefix("forgetting_attention_tpu_")

@@ -81,15 +81,18 @@ def ptxas_report(ptxas, ptx, arch):
           "spill_load_bytes": number(r"(\d+) bytes spill loads")}
 
 
+def mlir_operations(op):
+  """Every operation nested inside the MLIR operation ``op``, depth first."""
+  for region in op.regions:
+    for block in region.blocks:
+      for inner in block.operations:
+        yield inner.operation
+        yield from mlir_operations(inner.operation)
+
+
 def triton_custom_calls(lowered):
   """(module bytes, num_warps, num_stages) of each Triton custom call not yet compiled."""
-  def walk(op):
-    for region in op.regions:
-      for block in region.blocks:
-        for inner in block.operations:
-          yield inner.operation
-          yield from walk(inner.operation)
-  for op in walk(lowered.compiler_ir("stablehlo").operation):
+  for op in mlir_operations(lowered.compiler_ir("stablehlo").operation):
     if op.name == "stablehlo.custom_call" and "triton" in str(op.attributes["call_target_name"]):
       config = op.attributes["mhlo.backend_config"]
       if "ir" in config:

@@ -53,7 +53,7 @@ GROUPS = {
                                   "lpcsm_no_mhc", "lpcsm_no_stop"], (1,)),
     "delayed_id_near": ("delayed_id_near", ["lpcsm", "sith", "sith_delta", "lpcsm_no_slow", "lpcsm_no_ont",
                                             "lpcsm_mean_memory", "lpcsm_full_window", "transformer_pro", "fox_pro",
-                                            "lpcsm_no_pc", "lpcsm_no_mhc", "lpcsm_no_stop"], (1,)),
+                                            "lpcsm_no_pc", "lpcsm_no_mhc", "lpcsm_no_stop", "lpcsm_fixed_ratio"], (1,)),
     "delayed_id_repeat": ("delayed_id_repeat", ["sith", "sith_delta", "transformer_pro", "lpcsm"], (1,)),
     "mqar": ("mqar", ["fox_pro", "transformer_pro", "fox", "transformer", "transformer_nope", "lpcsm"], (1, 2, 4)),
     "noisy_recall": ("noisy_recall", ["fox_pro", "transformer_pro"], (1,)),

@@ -25,7 +25,8 @@ MODEL (d 64, 2 layers, 4 heads unless said; default fox):
   lpcsm, lpcsm_no_{mhc,slow,pc,ont,stop}   LPC-SM (window 32, chunks of 16, memory 64) and its
                                    Stage-A ablations; lpcsm_full_window: a window over the whole sequence;
                                    lpcsm_mean_memory: the memory as before issue #32 (chunk means, fixed
-                                   decays, W_c init 0.02)
+                                   decays, W_c init 0.02); lpcsm_fixed_ratio: Stage B's control, the
+                                   controller's firing rate ρ frozen at its init
   sith, sith_delta                 SITH with L = 27 slots (τ*_max = 91) and m = 32 predicted tokens,
                                    and the delta-pulse control (the 27 preceding tokens); a SITH model
                                    reads the last H + m tokens of each sequence, so it is scored on tasks
@@ -83,6 +84,7 @@ MODELS = {
     "lpcsm_full_window": dataclasses.replace(_LPCSM, attention_window=SEQ_LEN),
     "lpcsm_mean_memory": dataclasses.replace(_LPCSM, summary_pool="mean", selective_decay=False,
                                              summary_init_std=0.02),
+    "lpcsm_fixed_ratio": dataclasses.replace(_LPCSM, learn_ratio=False),
     "sith": SITHConfig(**_SIZE, mlp_dim=256, num_filters=27, chunk_len=32),
     "sith_delta": SITHConfig(**_SIZE, mlp_dim=256, num_filters=27, chunk_len=32, delta_pulse=True),
 }

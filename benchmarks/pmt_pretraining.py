@@ -168,9 +168,11 @@ def summarize(results):
       probed = [r for r in runs if "linear" in r]  # runs evaluated with --probes cue have no linear cells
       fractions = probed[0]["linear"]["fractions"] if probed else {}
       for f, cell in fractions.items():
-        acc = mean_std([r["linear"]["fractions"][f]["accuracy"] for r in probed])
+        per_seed = [r["linear"]["fractions"][f]["accuracy"] for r in probed]
+        acc = mean_std(per_seed)
         entry["fractions"][f] = {"accuracy": acc[0], "accuracy_std_over_seeds": acc[1], "labels": cell["labels"],
-                                 "same_as": cell.get("same_as"), "pretraining_seeds": len(probed)}
+                                 "same_as": cell.get("same_as"), "pretraining_seeds": len(probed),
+                                 "per_seed": per_seed}
       for g in runs[0].get("cue", {}):
         per_seed = [r["cue"].get(g, {}).get("auc") for r in runs]
         auc = mean_std(per_seed)
@@ -198,6 +200,12 @@ def print_table(table, results, fractions):
       cues = [f"{entry['cue'][g]['auc']:>8.3f} ± {entry['cue'][g]['auc_std_over_seeds']:.2f}" if g in entry["cue"]
               else f"{'—':>14}" for g in gaps]
       print(f"{row:<28}" + "".join(cells) + "".join(cues))
+    for row, entry in rows.items():
+      seeds = {f: c["per_seed"] for f, c in entry["fractions"].items()
+               if len(set(c["per_seed"])) > 1 and not c["same_as"]}
+      if seeds:  # the seed overlap that docs/pmt.md's verdicts read
+        print(f"  probe accuracy per pre-training seed, {row}: " + "; ".join(
+            f"{float(f):.0%} " + " / ".join(f"{a:.3f}" for a in values) for f, values in seeds.items()))
     for row, entry in rows.items():
       if entry["cue"]:
         print(f"  cue AUC per pre-training seed, {row}: " + "; ".join(

@@ -48,7 +48,7 @@ import mechanisms as suite  # noqa: E402  (configs/mechanisms.py: tasks, models,
 GROUPS = {
     "default": ("default", ["fox_pro", "fox", "transformer_pro", "fox_paper_init", "transformer"], (1,)),
     "overwrite": ("overwrite", ["fox_pro", "transformer_pro", "transformer_pro_nope"], (1,)),
-    # LPC-SM's ablations run on delayed_id_near only: at this gap the full model is at chance, so an
+    # LPC-SM's ablations run on delayed_id_near only: at this gap the full model is near chance, so an
     # ablation of it here would decide nothing.
     "delayed_id": ("delayed_id", ["fox_pro", "lpcsm_full_window", "sith", "sith_delta", "transformer_pro",
                                   "lpcsm", "lpcsm_mean_memory"], (1,)),

@@ -200,17 +200,15 @@ def print_table(table, results, fractions):
       cues = [f"{entry['cue'][g]['auc']:>8.3f} ± {entry['cue'][g]['auc_std_over_seeds']:.2f}" if g in entry["cue"]
               else f"{'—':>14}" for g in gaps]
       print(f"{row:<28}" + "".join(cells) + "".join(cues))
+    # Each pre-training seed's value: the seed overlap that docs/pmt.md's verdicts read.
+    listed = lambda values: " / ".join(f"{a:.3f}" if a is not None else "–" for a in values)
     for row, entry in rows.items():
-      seeds = {f: c["per_seed"] for f, c in entry["fractions"].items()
-               if len(set(c["per_seed"])) > 1 and not c["same_as"]}
-      if seeds:  # the seed overlap that docs/pmt.md's verdicts read
-        print(f"  probe accuracy per pre-training seed, {row}: " + "; ".join(
-            f"{float(f):.0%} " + " / ".join(f"{a:.3f}" for a in values) for f, values in seeds.items()))
-    for row, entry in rows.items():
-      if entry["cue"]:
-        print(f"  cue AUC per pre-training seed, {row}: " + "; ".join(
-            f"g={float(g):g} " + " / ".join(f"{a:.3f}" if a is not None else "–" for a in entry["cue"][g]["per_seed"])
-            for g in gaps if g in entry["cue"]))
+      linear = {f"{float(f):.0%}": c["per_seed"] for f, c in entry["fractions"].items()
+                if len(set(c["per_seed"])) > 1 and not c["same_as"]}  # the raw-series rows repeat one value
+      cue = {f"g={float(g):g}": entry["cue"][g]["per_seed"] for g in gaps if g in entry["cue"]}
+      for what, values in (("probe accuracy", linear), ("cue AUC", cue)):
+        if values:
+          print(f"  {what} per pre-training seed, {row}: " + "; ".join(f"{k} {listed(v)}" for k, v in values.items()))
     for (n, variant, seed), r in results.items():
       if n == name and r["gates"]:
         print(f"  gates after training, {variant} seed {seed}: " + "; ".join(

@@ -20,13 +20,17 @@ choosing settings); otherwise on the TEST file where the set has one (Wafer's co
 its held-out split). The set ``synthetic`` is the ``synthetic_series`` kind (``pmt:synthetic_*``
 configs, no files), scored on its test split (``--validation``: its eval split). Runs go to
 --run-dir and are reused when their results exist (--fresh to redo); a cell stopped part-way
-continues from its last checkpoint when the command runs again. ``--extra`` adds overrides
-to every training run (e.g. a view to try, or ``train.checkpoint_every=100`` for long runs).
+continues from its last checkpoint when the command runs again. The --out file accumulates: the
+cells it already holds, measured with the same settings (steps, overrides, probes, label seeds,
+gaps, controls), are reused and kept in the new table, so a grid can be filled in parts on machines
+that no longer have the run directories (``--seeds 2`` adds seed 2 to a file of seeds 0 and 1).
+``--extra`` adds overrides to every training run (e.g. a view to try, or ``train.checkpoint_every=100`` for long runs).
 """
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -215,7 +219,28 @@ def print_table(table, results, fractions):
             f"{block} " + " ".join(f"{k} {v:.3f}" for k, v in gates.items()) for block, gates in r["gates"].items()))
 
 
-def main():
+# The arguments that decide what a cell measures: cells stored under other values are not reused.
+CELL_SETTINGS = ("steps", "label_seeds", "gaps", "probes", "random_init_all", "validation", "extra", "minirocket")
+
+
+def stored_cells(parser, args):
+  """{(set, variant, seed): result} of the --out file, if it was written with the same settings;
+  a file measured with other settings is a one-line error (pass another --out, or --fresh)."""
+  if args.fresh or not args.out or not os.path.exists(args.out):
+    return {}
+  stored = json.load(open(args.out))
+  if "runs" not in stored:
+    raise SystemExit(f"{args.out}: not a pmt_pretraining result file (no 'runs'); pass another --out")
+  before = parser.parse_args(shlex.split(stored["command"])[1:])  # the file's own command line
+  differ = [f"--{k.replace('_', '-')} {getattr(before, k)} (now {getattr(args, k)})" for k in CELL_SETTINGS
+            if getattr(before, k) != getattr(args, k)]
+  if differ:
+    raise SystemExit(f"{args.out} holds cells measured with other settings: {'; '.join(differ)}; "
+                     "pass another --out, or --fresh to replace it")
+  return {(r["set"], r["variant"], r["seed"]): result for r, result in zip(stored["runs"], stored["results"])}
+
+
+def build_parser():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sets", nargs="+", default=["ECG200", "GunPoint", "Strawberry", "Wafer"])
   parser.add_argument("--variants", nargs="+", default=["pmt", "pmt_no_pcl", "full_matched"], choices=list(VARIANTS))
@@ -240,17 +265,25 @@ def main():
                       help="the MiniRocket + ridge control beside the raw-series rows (needs the [rocket] extra)")
   parser.add_argument("--controls-only", action="store_true",
                       help="only the rows that need no encoder (raw probe, 1-NN, MiniRocket): no training")
-  args = parser.parse_args()
+  return parser
+
+
+def main(argv=None):
+  parser = build_parser()
+  args = parser.parse_args(argv)
   if args.controls_only:
     write_results("pmt_controls", {"command": " ".join(sys.argv), "validation": args.validation,
                                    "label_seeds": args.label_seeds, "sets": controls_only(args)}, args.out)
     return
 
+  stored = stored_cells(parser, args)
   cells = []
   for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds
     for name in args.sets:
       for variant in args.variants:
         run = os.path.join(args.run_dir, f"{name}-{variant}-s{seed}")
+        if (name, variant, seed) in stored:
+          continue
         if args.cached_only and not os.path.exists(os.path.join(run, "timing.json")):
           print(f"{name} {variant} seed {seed}: not run (--cached-only)")
           continue
@@ -262,7 +295,10 @@ def main():
     return r
 
   with ThreadPoolExecutor(args.jobs) as pool:  # each cell is its own train.py and eval.py processes
-    results = dict(zip(cells, pool.map(one, cells)))
+    results = stored | dict(zip(cells, pool.map(one, cells)))
+  results = dict(sorted(results.items(), key=lambda item: item[0][2]))  # seed order: the per-seed lists
+  if stored:
+    print(f"reused from {args.out}: " + ", ".join(" ".join(map(str, c)) for c in stored))
   table = summarize(results)
   fractions = sorted({float(f) for rows in table.values() for row in rows.values() for f in row["fractions"]})
   print_table(table, results, fractions)
@@ -272,7 +308,8 @@ def main():
            "eval_cpu_seconds": r.get("eval_cpu_seconds"), "step": r["step"],
            "train_series": r["train_series"], "eval_series": r["eval_series"]}
           for (name, variant, seed), r in results.items()]
-  write_results("pmt_pretraining", {"command": " ".join(sys.argv), "steps": args.steps, "extra": args.extra,
+  command = " ".join(map(shlex.quote, [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]))
+  write_results("pmt_pretraining", {"command": command, "steps": args.steps, "extra": args.extra,
                                     "validation": args.validation, "table": table, "runs": runs,
                                     "results": [r for r in results.values()]}, args.out)
 

@@ -1,12 +1,16 @@
-"""Train-step throughput: tokens/s and model FLOPs utilisation, several models in one run.
+"""Train-step throughput: tokens (or series) per second and model FLOPs utilisation, several models in one run.
 
   python benchmarks/train_step.py                                  # tiny FoX vs Transformer, CPU
   python benchmarks/train_step.py --config paper:fox_pro_125m --set data.seq_len=4096 \
       data.batch_size=8 --families fox                             # the GPU figure
   python benchmarks/train_step.py --config lpcsm:tiny --families lpcsm fox,model.attention_window=None
+  python benchmarks/train_step.py --config pmt:tiny --set data.train_file=Wafer_TRAIN.tsv.gz \
+      --families pmt pmt,model.dropout=0,model.projection_dropout=0 --out ...   # a time-series family
 
 A candidate is a family name, optionally followed by ``,section.field=value`` overrides for it
-alone (above: FoX with full attention, where the LPC-SM config has a window).
+alone (above: FoX with full attention, where the LPC-SM config has a window). Token families
+time a batch of random tokens (no data files needed); the others (PMT) the first batch of the
+config's own training pipeline, and their throughput is in their own unit (series/s).
 
 Each candidate (a family, on the same config otherwise) is compiled, warmed up, then timed
 over --steps steps; the candidates are interleaved round by round so that load changes on a
@@ -18,6 +22,7 @@ MFU needs the device's peak: known for H100/H200 (989 TFLOP/s dense bf16) and A1
 """
 
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -29,11 +34,23 @@ import numpy as np
 
 from lpcjax import experiment as config_lib
 from lpcjax import models
+from lpcjax.data.pipeline import make_dataset
 from lpcjax.files import write_json_atomic
 from lpcjax.training import create_train_state, train_step
 from lpcjax.training.throughput import peak_flops
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def one_batch(family, config):
+  """The timed batch: random tokens for a token family (no data files needed), else the first batch
+  of the config's training pipeline."""
+  cfg = config.data
+  if family.throughput_unit == "tokens":
+    rng = np.random.default_rng(0)
+    tokens = lambda: jnp.asarray(rng.integers(0, config.model.vocab_size, (cfg.batch_size, cfg.seq_len)))
+    return {"inputs": tokens(), "targets": tokens(), "loss_mask": jnp.ones((cfg.batch_size, cfg.seq_len), jnp.float32)}
+  return jax.tree.map(jnp.asarray, next(iter(make_dataset(cfg, 0, "train").to_iter_dataset())))
 
 
 def main():
@@ -48,11 +65,6 @@ def main():
   args = parser.parse_args()
 
   base = config_lib.apply_overrides(config_lib.load_experiment(args.config, CONFIG_DIR), args.set)
-  rng = np.random.default_rng(0)
-  cfg = base.data
-  batch = {"inputs": jnp.asarray(rng.integers(0, base.model.vocab_size, (cfg.batch_size, cfg.seq_len))),
-           "targets": jnp.asarray(rng.integers(0, base.model.vocab_size, (cfg.batch_size, cfg.seq_len))),
-           "loss_mask": jnp.ones((cfg.batch_size, cfg.seq_len), jnp.float32)}
   device = jax.devices()[0].device_kind
   peak = peak_flops(jax.devices()[:1], args.peak_tflops)
   peak = peak / 1e12 if peak else None  # TFLOP/s of the one device the steps run on
@@ -61,36 +73,43 @@ def main():
   for spec in args.families:
     family, *overrides = spec.split(",")
     config = config_lib.apply_overrides(base, [f"model.family={family}", *overrides])
-    model = models.get(family).build(config.model)
-    state = create_train_state(models.get(family), model, config)
-    step = jax.jit(train_step, donate_argnums=0)
+    spec_family = models.get(family)
+    model = spec_family.build(config.model)
+    state = create_train_state(spec_family, model, config)
+    step = jax.jit(functools.partial(train_step, loss_fn=spec_family.loss), donate_argnums=0)
+    batch = one_batch(spec_family, config)
+    start = time.perf_counter()
     state, metrics = step(state, batch)  # compile
     jax.block_until_ready(metrics)
-    candidates[spec] = {"config": config, "state": state, "step": step, "times": [],
-                          "flops_per_token": (models.get(family).flops_per_unit or (lambda *_: None))(
-                              config, state.params)}
+    candidates[spec] = {"config": config, "state": state, "step": step, "batch": batch, "times": [],
+                        "compile_s": time.perf_counter() - start, "unit": spec_family.throughput_unit,
+                        "units": config.data.batch_size * spec_family.units_per_example(config),
+                        "flops_per_unit": (spec_family.flops_per_unit or (lambda *_: None))(config, state.params)}
   for _ in range(args.rounds):
     for entry in candidates.values():
       start = time.perf_counter()
       for _ in range(args.steps):
-        entry["state"], metrics = entry["step"](entry["state"], batch)
+        entry["state"], metrics = entry["step"](entry["state"], entry["batch"])
       jax.block_until_ready(metrics)
       entry["times"].append((time.perf_counter() - start) / args.steps)
 
-  tokens = cfg.batch_size * cfg.seq_len
   rows = []
-  print(f"device: {device}  jax {jax.__version__}  batch {cfg.batch_size} x {cfg.seq_len}  "
+  print(f"device: {device}  jax {jax.__version__}  batch {base.data.batch_size} x {base.data.seq_len or 'file'}  "
         f"({args.config} {' '.join(args.set)})")
-  print(f"{'family':>12} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>9} {'MFU':>6}")
+  width = max(12, *map(len, candidates))
+  print(f"{'candidate':>{width}} {'compile s':>9} {'step ms':>9} {'units/s':>12} {'TFLOP/s':>9} {'MFU':>6}")
   for family, entry in candidates.items():
     step_s = statistics.median(entry["times"])
-    tflops = (entry["flops_per_token"] or float("nan")) * tokens / step_s / 1e12
+    tflops = (entry["flops_per_unit"] or float("nan")) * entry["units"] / step_s / 1e12
     row = {"family": family, "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(entry["state"].params))),
-           "step_ms": step_s * 1e3, "tokens_per_sec": tokens / step_s,
-           "model_tflops": tflops, "mfu": tflops / peak if peak and entry["flops_per_token"] else None}
+           "compile_s": entry["compile_s"], "step_ms": step_s * 1e3,
+           "step_ms_rounds": [t * 1e3 for t in entry["times"]],
+           f"{entry['unit']}_per_sec": entry["units"] / step_s,
+           "model_tflops": tflops, "mfu": tflops / peak if peak and entry["flops_per_unit"] else None}
     rows.append(row)
     mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
-    print(f"{family:>12} {row['step_ms']:>9.1f} {row['tokens_per_sec']:>10.0f} {tflops:>9.3f} {mfu:>6}")
+    rate = f"{entry['units'] / step_s:.0f} {entry['unit']}"
+    print(f"{family:>{width}} {entry['compile_s']:>9.1f} {row['step_ms']:>9.1f} {rate:>12} {tflops:>9.3f} {mfu:>6}")
   if len(rows) > 1:
     ratio = rows[0]["step_ms"] / rows[1]["step_ms"]
     print(f"step time {rows[0]['family']} / {rows[1]['family']}: {ratio:.2f}")

@@ -23,8 +23,10 @@ configs, no files), scored on its test split (``--validation``: its eval split).
 continues from its last checkpoint when the command runs again. The --out file accumulates: the
 cells it already holds, measured with the same settings (steps, overrides, probes, label seeds,
 gaps, controls), are reused and kept in the new table, so a grid can be filled in parts on machines
-that no longer have the run directories (``--seeds 2`` adds seed 2 to a file of seeds 0 and 1).
-``--extra`` adds overrides to every training run (e.g. a view to try, or ``train.checkpoint_every=100`` for long runs).
+that no longer have the run directories (``--seeds 2`` adds seed 2 to a file of seeds 0 and 1;
+``commands`` lists every command that filled it; ``--fresh`` redoes every cell and replaces the
+file). ``--extra`` adds overrides to every training run (e.g. a view to try, or
+``train.checkpoint_every=100`` for long runs).
 """
 
 import argparse
@@ -162,25 +164,25 @@ def mean_std(values):
 def summarize(results):
   """{set: {row: {"fractions": {f: (mean, std, labels, same_as)}, "cue": {g: (mean, std)}}}} over seeds."""
   table = {}
-  for (name, variant, _), result in results.items():
+  for (name, variant, seed), result in sorted(results.items(), key=lambda item: item[0][2]):
     for row, cells in rows_of(result, variant).items():
-      entry = table.setdefault(name, {}).setdefault(row, {"fractions": {}, "cue": {}, "runs": []})
-      entry["runs"].append(cells)
+      entry = table.setdefault(name, {}).setdefault(row, {"fractions": {}, "cue": {}, "runs": {}})
+      entry["runs"].setdefault(seed, cells)  # a raw-series row once per seed, whichever variant carried it
   for rows in table.values():
     for entry in rows.values():
       runs = entry.pop("runs")
-      probed = [r for r in runs if "linear" in r]  # runs evaluated with --probes cue have no linear cells
-      fractions = probed[0]["linear"]["fractions"] if probed else {}
+      probed = {seed: r for seed, r in runs.items() if "linear" in r}  # --probes cue leaves no linear cells
+      fractions = next(iter(probed.values()))["linear"]["fractions"] if probed else {}
       for f, cell in fractions.items():
-        per_seed = [r["linear"]["fractions"][f]["accuracy"] for r in probed]
+        per_seed = [r["linear"]["fractions"][f]["accuracy"] for r in probed.values()]
         acc = mean_std(per_seed)
         entry["fractions"][f] = {"accuracy": acc[0], "accuracy_std_over_seeds": acc[1], "labels": cell["labels"],
                                  "same_as": cell.get("same_as"), "pretraining_seeds": len(probed),
-                                 "per_seed": per_seed}
-      for g in runs[0].get("cue", {}):
-        per_seed = [r["cue"].get(g, {}).get("auc") for r in runs]
+                                 "seeds": list(probed), "per_seed": per_seed}
+      for g in next(iter(runs.values())).get("cue", {}):
+        per_seed = [r["cue"].get(g, {}).get("auc") for r in runs.values()]
         auc = mean_std(per_seed)
-        entry["cue"][g] = {"auc": auc[0], "auc_std_over_seeds": auc[1], "per_seed": per_seed}
+        entry["cue"][g] = {"auc": auc[0], "auc_std_over_seeds": auc[1], "seeds": list(runs), "per_seed": per_seed}
   return table
 
 
@@ -223,21 +225,32 @@ def print_table(table, results, fractions):
 CELL_SETTINGS = ("steps", "label_seeds", "gaps", "probes", "random_init_all", "validation", "extra", "minirocket")
 
 
+def cell_settings(args):
+  return {k: getattr(args, k) for k in CELL_SETTINGS}
+
+
 def stored_cells(parser, args):
-  """{(set, variant, seed): result} of the --out file, if it was written with the same settings;
-  a file measured with other settings is a one-line error (pass another --out, or --fresh)."""
+  """({(set, variant, seed): result}, [commands]) of the --out file, if it was written with the same
+  settings (``--fresh``: none; the file is replaced); other settings are a one-line error."""
   if args.fresh or not args.out or not os.path.exists(args.out):
-    return {}
+    return {}, []
   stored = json.load(open(args.out))
   if "runs" not in stored:
     raise SystemExit(f"{args.out}: not a pmt_pretraining result file (no 'runs'); pass another --out")
-  before = parser.parse_args(shlex.split(stored["command"])[1:])  # the file's own command line
-  differ = [f"--{k.replace('_', '-')} {getattr(before, k)} (now {getattr(args, k)})" for k in CELL_SETTINGS
-            if getattr(before, k) != getattr(args, k)]
+  settings = stored.get("settings")
+  if settings is None:  # written before the settings were stored: read its own command line
+    try:
+      settings = cell_settings(parser.parse_args(shlex.split(stored["command"])[1:]))
+    except (SystemExit, ValueError):
+      raise SystemExit(f"{args.out}: its command line ({stored['command']!r}) no longer parses; pass another --out")
+  as_stored = lambda values: json.loads(json.dumps(values))  # as a JSON file holds them (tuples -> lists)
+  settings, now = as_stored(settings), as_stored(cell_settings(args))
+  differ = [f"--{k.replace('_', '-')} {settings.get(k)} (now {now[k]})" for k in CELL_SETTINGS
+            if settings.get(k) != now[k]]
   if differ:
-    raise SystemExit(f"{args.out} holds cells measured with other settings: {'; '.join(differ)}; "
-                     "pass another --out, or --fresh to replace it")
-  return {(r["set"], r["variant"], r["seed"]): result for r, result in zip(stored["runs"], stored["results"])}
+    raise SystemExit(f"{args.out} holds cells measured with other settings: {'; '.join(differ)}; pass another --out")
+  cells = {(r["set"], r["variant"], r["seed"]): result for r, result in zip(stored["runs"], stored["results"])}
+  return cells, stored.get("commands", [stored["command"]])
 
 
 def build_parser():
@@ -271,18 +284,20 @@ def build_parser():
 def main(argv=None):
   parser = build_parser()
   args = parser.parse_args(argv)
+  command = " ".join(map(shlex.quote, [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]))
   if args.controls_only:
-    write_results("pmt_controls", {"command": " ".join(sys.argv), "validation": args.validation,
+    write_results("pmt_controls", {"command": command, "validation": args.validation,
                                    "label_seeds": args.label_seeds, "sets": controls_only(args)}, args.out)
     return
 
-  stored = stored_cells(parser, args)
-  cells = []
+  stored, commands = stored_cells(parser, args)
+  cells, reused = [], []
   for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds
     for name in args.sets:
       for variant in args.variants:
         run = os.path.join(args.run_dir, f"{name}-{variant}-s{seed}")
         if (name, variant, seed) in stored:
+          reused.append((name, variant, seed))
           continue
         if args.cached_only and not os.path.exists(os.path.join(run, "timing.json")):
           print(f"{name} {variant} seed {seed}: not run (--cached-only)")
@@ -291,14 +306,16 @@ def main(argv=None):
 
   def one(cell):
     r = run_one(args, *cell)
+    if r["step"] != args.steps:  # a run directory trained to another length
+      raise SystemExit(f"{os.path.join(args.run_dir, '-'.join(map(str, cell[:2])))}-s{cell[2]} was trained for "
+                       f"{r['step']} steps, not --steps {args.steps}: pass another --run-dir, or --fresh")
     print(f"{' '.join(map(str, cell))}: train {r['train_seconds']:.0f} s, eval {r['eval_seconds']:.0f} s", flush=True)
     return r
 
   with ThreadPoolExecutor(args.jobs) as pool:  # each cell is its own train.py and eval.py processes
     results = stored | dict(zip(cells, pool.map(one, cells)))
-  results = dict(sorted(results.items(), key=lambda item: item[0][2]))  # seed order: the per-seed lists
-  if stored:
-    print(f"reused from {args.out}: " + ", ".join(" ".join(map(str, c)) for c in stored))
+  if reused:
+    print(f"reused from {args.out}: " + ", ".join(" ".join(map(str, c)) for c in reused))
   table = summarize(results)
   fractions = sorted({float(f) for rows in table.values() for row in rows.values() for f in row["fractions"]})
   print_table(table, results, fractions)
@@ -308,8 +325,8 @@ def main(argv=None):
            "eval_cpu_seconds": r.get("eval_cpu_seconds"), "step": r["step"],
            "train_series": r["train_series"], "eval_series": r["eval_series"]}
           for (name, variant, seed), r in results.items()]
-  command = " ".join(map(shlex.quote, [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]))
-  write_results("pmt_pretraining", {"command": command, "steps": args.steps, "extra": args.extra,
+  write_results("pmt_pretraining", {"command": command, "commands": [*commands, command],
+                                    "settings": cell_settings(args), "steps": args.steps, "extra": args.extra,
                                     "validation": args.validation, "table": table, "runs": runs,
                                     "results": [r for r in results.values()]}, args.out)
 

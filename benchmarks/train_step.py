@@ -10,7 +10,10 @@
 A candidate is a family name, optionally followed by ``,section.field=value`` overrides for it
 alone (above: FoX with full attention, where the LPC-SM config has a window). Token families
 time a batch of random tokens (no data files needed); the others (PMT) the first batch of the
-config's own training pipeline, and their throughput is in their own unit (series/s).
+config's own training pipeline (read with ``train.seed``), and their throughput is in their own
+unit (series/s). The step is the trainer's own (``lpcjax.training.loop.compiled_steps``: the
+family's loss, ``train.grad_accum_steps``), and the rate counts what the trainer's progress bar
+counts (``units_per_step``: for SITH the m predicted tokens of each window, not its length).
 
 Each candidate (a family, on the same config otherwise) is compiled, warmed up, then timed
 over --steps steps; the candidates are interleaved round by round so that load changes on a
@@ -22,7 +25,6 @@ MFU needs the device's peak: known for H100/H200 (989 TFLOP/s dense bf16) and A1
 """
 
 import argparse
-import functools
 import os
 import platform
 import statistics
@@ -36,7 +38,8 @@ from lpcjax import experiment as config_lib
 from lpcjax import models
 from lpcjax.data.pipeline import make_dataset
 from lpcjax.files import write_json_atomic
-from lpcjax.training import create_train_state, train_step
+from lpcjax.training import create_train_state
+from lpcjax.training.loop import compiled_steps
 from lpcjax.training.throughput import peak_flops
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -50,7 +53,7 @@ def one_batch(family, config):
     rng = np.random.default_rng(0)
     tokens = lambda: jnp.asarray(rng.integers(0, config.model.vocab_size, (cfg.batch_size, cfg.seq_len)))
     return {"inputs": tokens(), "targets": tokens(), "loss_mask": jnp.ones((cfg.batch_size, cfg.seq_len), jnp.float32)}
-  return jax.tree.map(jnp.asarray, next(iter(make_dataset(cfg, 0, "train").to_iter_dataset())))
+  return jax.tree.map(jnp.asarray, next(iter(make_dataset(cfg, config.train.seed, "train").to_iter_dataset())))
 
 
 def main():
@@ -76,7 +79,7 @@ def main():
     spec_family = models.get(family)
     model = spec_family.build(config.model)
     state = create_train_state(spec_family, model, config)
-    step = jax.jit(functools.partial(train_step, loss_fn=spec_family.loss), donate_argnums=0)
+    step, _ = compiled_steps(spec_family, config, shardings=None)
     batch = one_batch(spec_family, config)
     start = time.perf_counter()
     state, metrics = step(state, batch)  # compile
@@ -94,8 +97,7 @@ def main():
       entry["times"].append((time.perf_counter() - start) / args.steps)
 
   rows = []
-  print(f"device: {device}  jax {jax.__version__}  batch {base.data.batch_size} x {base.data.seq_len or 'file'}  "
-        f"({args.config} {' '.join(args.set)})")
+  print(f"device: {device}  jax {jax.__version__}  ({args.config} {' '.join(args.set)})")
   width = max(12, *map(len, candidates))
   print(f"{'candidate':>{width}} {'compile s':>9} {'step ms':>9} {'units/s':>12} {'TFLOP/s':>9} {'MFU':>6}")
   for family, entry in candidates.items():
@@ -103,7 +105,7 @@ def main():
     tflops = (entry["flops_per_unit"] or float("nan")) * entry["units"] / step_s / 1e12
     row = {"family": family, "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(entry["state"].params))),
            "compile_s": entry["compile_s"], "step_ms": step_s * 1e3,
-           "step_ms_rounds": [t * 1e3 for t in entry["times"]],
+           "step_ms_rounds": [t * 1e3 for t in entry["times"]], "units_per_step": entry["units"],
            f"{entry['unit']}_per_sec": entry["units"] / step_s,
            "model_tflops": tflops, "mfu": tflops / peak if peak and entry["flops_per_unit"] else None}
     rows.append(row)

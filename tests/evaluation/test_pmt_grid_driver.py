@@ -20,7 +20,7 @@ def driver(monkeypatch):
   spec = importlib.util.spec_from_file_location("pmt_pretraining", REPO / "benchmarks" / "pmt_pretraining.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  monkeypatch.setattr(module, "run_one", lambda *cell: pytest.fail(f"trained {cell}: should have been reused"))
+  monkeypatch.setattr(module, "run_one", lambda *cell: pytest.fail(f"trained {cell}: nothing should train"))
   return module
 
 
@@ -29,22 +29,37 @@ def stored_arguments(out):
   return argv[:argv.index("--out")] + ["--out", str(out)]
 
 
-def test_the_out_file_supplies_finished_cells(driver, tmp_path, capsys):
+def test_the_out_file_supplies_finished_cells(driver, tmp_path, monkeypatch, capsys):
+  """Seed 0 is taken out of a copy of the file and 'trained' again (its stored result stands in for
+  the run); seeds 1 and 2 come from the file. The table must be the file's, seed by seed."""
+  full = json.loads(STORED.read_text())
+  key = lambda r: (r["set"], r["variant"], r["seed"])
+  original = {key(r): result for r, result in zip(full["runs"], full["results"])}
+  part = dict(full, runs=[r for r in full["runs"] if r["seed"] != 0],
+              results=[res for r, res in zip(full["runs"], full["results"]) if r["seed"] != 0])
   out = tmp_path / "grid.json"
-  shutil.copy(STORED, out)
-  before = json.loads(out.read_text())
+  out.write_text(json.dumps(part))
+  trained = []
+  monkeypatch.setattr(driver, "run_one", lambda args, *cell: trained.append(cell) or original[cell])
   argv = stored_arguments(out)
   start = argv.index("--seeds") + 1
   end = next(i for i in range(start, len(argv)) if argv[i].startswith("--"))
-  argv[start:end] = ["1"]  # one of the stored seeds
+  argv[start:end] = ["0", "1", "2"]
   driver.main(argv)
   after = json.loads(out.read_text())
+  assert sorted(trained) == sorted(c for c in original if c[2] == 0)  # only the missing seed
   assert "reused from" in capsys.readouterr().out
-  key = lambda r: (r["set"], r["variant"], r["seed"])
-  assert sorted(map(key, after["runs"])) == sorted(map(key, before["runs"]))  # seed 0 kept, not dropped
-  for row, entry in before["table"]["Wafer"].items():
+  assert sorted(map(key, after["runs"])) == sorted(original)
+  assert after["commands"][:-1] == part.get("commands", [part["command"]]) and after["settings"]["steps"] == 1500
+  for row, entry in full["table"]["Wafer"].items():
     for gap, cell in entry["cue"].items():
-      assert after["table"]["Wafer"][row]["cue"][gap]["per_seed"] == cell["per_seed"]
+      assert after["table"]["Wafer"][row]["cue"][gap]["per_seed"] == cell["per_seed"]  # in seed order
+      assert after["table"]["Wafer"][row]["cue"][gap]["seeds"] == [0, 1, 2]
+  driver.main(argv)  # again: the settings now come from the file's own "settings", and nothing trains
+  assert len(trained) == len([c for c in original if c[2] == 0])
+  argv[argv.index("--steps") + 1] = "150"
+  with pytest.raises(SystemExit, match=r"other settings: --steps 1500 \(now 150\)"):
+    driver.main(argv)
 
 
 def test_a_file_of_other_settings_is_a_one_line_error(driver, tmp_path):
@@ -55,3 +70,13 @@ def test_a_file_of_other_settings_is_a_one_line_error(driver, tmp_path):
   with pytest.raises(SystemExit, match=r"other settings: --steps 1500 \(now 150\)"):
     driver.main(argv)
   assert json.loads(out.read_text()) == json.loads(STORED.read_text())  # untouched
+
+
+def test_a_run_directory_of_another_length_is_a_one_line_error(driver, tmp_path, monkeypatch):
+  """A cell whose run directory holds a run of other steps (an old --run-dir) is refused, not tabled."""
+  full = json.loads(STORED.read_text())
+  monkeypatch.setattr(driver, "run_one", lambda args, *cell: dict(full["results"][0], step=150))
+  argv = stored_arguments(tmp_path / "grid.json")
+  with pytest.raises(SystemExit, match="was trained for 150 steps, not --steps 1500"):
+    driver.main(argv)
+  assert not (tmp_path / "grid.json").exists()

@@ -65,8 +65,9 @@ def main():
   parser.add_argument("--flat", type=float, default=0.05, help="fraction of the total fall left: flat")
   parser.add_argument("--plot", default=None)
   parser.add_argument("--out", default=None,
-                      help="JSON path (default benchmarks/results/pmt_loss_curve_<backend>.json)")
+                      help="JSON path (default benchmarks/results/pmt_loss_curve_<run>_<backend>.json)")
   args = parser.parse_args()
+  name = os.path.basename(os.path.normpath(args.run))
   curve, evals = read_curve(args.run)
   flat_at = flattening_step(curve["step"], curve["loss"], args.flat)
   config = json.load(open(os.path.join(args.run, "config.json")))
@@ -77,10 +78,11 @@ def main():
     print(f"  held-out loss at step {step}: {loss:.3f}")
   if args.plot:
     plot(curve, evals, args.plot)
-  write_results("pmt_loss_curve", {"command": " ".join(sys.argv), "run": os.path.basename(os.path.normpath(args.run)),
-                                   "config": config.get("name"), "train_file": config["data"].get("train_file"),
-                                   "steps": config["train"]["steps"], "flat_fraction": args.flat,
-                                   "flat_from_step": flat_at, "train": curve, "held_out": evals}, args.out)
+  # The run names the default file, so measuring another run never replaces a committed curve.
+  figures = {"command": " ".join(sys.argv), "run": name, "config": config.get("name"),
+             "train_file": config["data"].get("train_file"), "steps": config["train"]["steps"],
+             "flat_fraction": args.flat, "flat_from_step": flat_at, "train": curve, "held_out": evals}
+  write_results(f"pmt_loss_curve_{name}", figures, args.out)
 
 
 if __name__ == "__main__":

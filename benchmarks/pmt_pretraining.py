@@ -68,9 +68,13 @@ def files(name, validation):
   return train, (None if validation or not os.path.exists(test) else test)
 
 
+def run_path(args, name, variant, seed):
+  return os.path.join(args.run_dir, f"{name}-{variant}-s{seed}")
+
+
 def run_one(args, name, variant, seed):
   """Train and evaluate one (set, variant, seed); returns its eval result with the run's time."""
-  run = os.path.join(args.run_dir, f"{name}-{variant}-s{seed}")
+  run = run_path(args, name, variant, seed)
   out = os.path.join(run, "eval")
   if os.path.exists(os.path.join(run, "timing.json")) and not args.fresh:
     return _load(run, out)
@@ -295,7 +299,7 @@ def main(argv=None):
   for seed in args.seeds:  # seed by seed: an interrupted measurement still has whole seeds
     for name in args.sets:
       for variant in args.variants:
-        run = os.path.join(args.run_dir, f"{name}-{variant}-s{seed}")
+        run = run_path(args, name, variant, seed)
         if (name, variant, seed) in stored:
           reused.append((name, variant, seed))
           continue
@@ -307,8 +311,8 @@ def main(argv=None):
   def one(cell):
     r = run_one(args, *cell)
     if r["step"] != args.steps:  # a run directory trained to another length
-      raise SystemExit(f"{os.path.join(args.run_dir, '-'.join(map(str, cell[:2])))}-s{cell[2]} was trained for "
-                       f"{r['step']} steps, not --steps {args.steps}: pass another --run-dir, or --fresh")
+      raise SystemExit(f"{run_path(args, *cell)} was trained for {r['step']} steps, not --steps {args.steps}: "
+                       "pass another --run-dir, or --fresh")
     print(f"{' '.join(map(str, cell))}: train {r['train_seconds']:.0f} s, eval {r['eval_seconds']:.0f} s", flush=True)
     return r
 

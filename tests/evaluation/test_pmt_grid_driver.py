@@ -80,3 +80,19 @@ def test_a_run_directory_of_another_length_is_a_one_line_error(driver, tmp_path,
   with pytest.raises(SystemExit, match="was trained for 150 steps, not --steps 1500"):
     driver.main(argv)
   assert not (tmp_path / "grid.json").exists()
+
+
+def test_the_table_has_macro_f1_beside_accuracy(driver, capsys):
+  """Each linear cell of the table carries the seeds' macro-F1 (what an unbalanced set is read by) as
+  the probes measured it, and its mean; the printed table lists it per seed. Read on the Strawberry grid."""
+  stored = json.loads((REPO / "benchmarks" / "results" / "pmt_grid_Strawberry_cpu.json").read_text())
+  results = {(r["set"], r["variant"], r["seed"]): res for r, res in zip(stored["runs"], stored["results"])}
+  table = driver.summarize(results)
+  for (name, variant, seed), result in results.items():
+    for f, measured in result["linear"]["fractions"].items():
+      cell = table[name][variant]["fractions"][f]
+      assert cell["macro_f1_per_seed"][cell["seeds"].index(seed)] == measured["macro_f1"]
+      assert cell["macro_f1"] == pytest.approx(sum(cell["macro_f1_per_seed"]) / len(cell["seeds"]))
+      assert 0 < cell["macro_f1"] <= 1 and cell["macro_f1"] != cell["accuracy"]
+  driver.print_table(table, results, [0.01, 0.05, 1.0])
+  assert "probe macro-F1 per pre-training seed, pmt: 1% " in capsys.readouterr().out

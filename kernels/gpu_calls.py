@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from . import decay, row_term
 from .backends import PairKernels
-from .block_sizes import BlockSizes
+from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
 from .gqa import group_sum
 from .vjp import BackendKernels, differentiable
 
@@ -140,9 +140,15 @@ def row_term_from_output(o, do):
   return jnp.swapaxes(row_term.from_output(o, do), 1, 2)
 
 
-def single_device(kernels):
-  """``attention(q, k, v, log_fgate, seg, thr, (static,)) -> o``, differentiable (vjp.py), for
-  q [B, T, HQ, D], k, v [B, T, H, D], log f and ids [B, HQ, T], thr [B, HQ]."""
+def single_device(kernels, impl, head_dims, fit_block_sizes, check):
+  """A backend's ``Backend`` function: ``attention(q, k, v, log_fgate, segment_ids, sm_scale,
+  block_sizes=None, interpret=False, prune_threshold=None, window=None) -> o`` in
+  ``forgetting_attention``'s layouts (q [B, T, HQ, D], k, v [B, T, H, D], log f and ids
+  [B, HQ, T]), running ``kernels`` (a ``GpuKernels``) through the custom_vjp of vjp.py. T is
+  padded up to the tiles and the output cropped back. ``prune_threshold`` [B, HQ] (or None)
+  enables tile skipping (pruning.py); ``window``: None or a static int, sliding-window attention
+  (tiles outside the band skipped). ``impl``, ``head_dims``: the backend's name and head dims;
+  ``fit_block_sizes`` and ``check`` as ``pair_kernels``' ``block_sizes`` and ``check``."""
 
   def forward(q, k, v, c, seg, thr, static):
     return kernels.forward(q, k, v, Operands.self_attention(c, seg, thr), static)
@@ -154,9 +160,28 @@ def single_device(kernels):
     args = (q, k, v, Operands.self_attention(c, seg, thr), do, lse2, delta, static)
     return (kernels.backward_dq(*args),) + tuple(kernels.backward_dkv(*args))
 
-  return differentiable(BackendKernels(
+  padded = differentiable(BackendKernels(
       cumsum=decay_cumsum, forward=forward, row_term=row_term,
       row_term_from_output=row_term_from_output, backward=backward, seq_axis=2))
+
+  def attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
+                prune_threshold=None, window=None):
+    seq_len, head_dim = q.shape[1], q.shape[-1]
+    require_head_dim(impl, head_dim, head_dims)
+    check(interpret)
+    sizes = fit_block_sizes(block_sizes, seq_len, head_dim)
+    padded_len = padded_length(seq_len, sizes.largest)
+    prune = prune_threshold is not None
+    # The threshold stays in natural units, as c does.
+    thr = prune_threshold if prune else jnp.zeros(q.shape[:1] + q.shape[2:3])
+    o = padded(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
+               heads_major(log_fgate, padded_len).astype(jnp.float32),
+               heads_major(segment_ids, padded_len).astype(jnp.int32), thr.astype(jnp.float32),
+               (Static(float(sm_scale), sizes, prune, window, bool(interpret)),))
+    return o[:, :seq_len]
+
+  attention.__name__ = attention.__qualname__ = f"{impl}_attention"
+  return attention
 
 
 def _base2(lse):

@@ -59,10 +59,9 @@ from jax.experimental import pallas as pl
 
 from .backends import Backend, register_backend
 
-from .block_sizes import (BlockSizes, heads_major, key_block_ranges, pad_seq, padded_length,
-                          query_block_ranges, require_head_dim)
+from .block_sizes import BlockSizes, key_block_ranges, query_block_ranges
 from . import decay
-from .gpu_calls import LOG2_E, GpuKernels, Shapes, Static, grad_scale, pair_kernels, single_device
+from .gpu_calls import LOG2_E, GpuKernels, Shapes, grad_scale, pair_kernels, single_device
 from .gqa import kv_head
 from .pruning import unless_skipped
 from .reference import tile_logits
@@ -432,27 +431,7 @@ def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
 
 
 KERNELS = GpuKernels(_forward, _row_term, _backward_dq, _backward_dkv)
-_pallas = single_device(KERNELS)
-def pallas_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
-                     prune_threshold=None, window=None):
-  """Pallas backend; layouts as in ``forgetting_attention``. Pads T up to the block sizes.
-
-  ``prune_threshold`` [batch, heads] (or None) enables tile skipping (see pruning.py).
-  ``window``: None or a static int, sliding-window attention (tiles outside the band skipped).
-  """
-  seq_len, head_dim = q.shape[1], q.shape[-1]
-  require_head_dim("pallas", head_dim, SUPPORTED_HEAD_DIMS)
-  check_runnable(interpret)
-  sizes = fit_block_sizes(block_sizes, seq_len, head_dim)
-  padded_len = padded_length(seq_len, sizes.largest)
-  prune = prune_threshold is not None
-  # The threshold stays in natural units, as c does.
-  threshold = prune_threshold if prune else jnp.zeros(q.shape[:1] + q.shape[2:3], jnp.float32)
-  static = Static(float(sm_scale), sizes, prune, window, bool(interpret))
-  o = _pallas(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
-              heads_major(log_fgate, padded_len), heads_major(segment_ids, padded_len), threshold,
-              (static,))
-  return o[:, :seq_len]
+pallas_attention = single_device(KERNELS, "pallas", SUPPORTED_HEAD_DIMS, fit_block_sizes, check_runnable)
 
 
 register_backend(Backend("pallas", pallas_attention, platforms=("gpu",), interpretable=True,

@@ -28,8 +28,8 @@ import importlib.util
 import jax.numpy as jnp
 
 from .backends import Backend, register_backend
-from .block_sizes import BlockSizes, heads_major, pad_seq, padded_length, require_head_dim
-from .gpu_calls import LOG2_E, GpuKernels, Shapes, Static, grad_scale, pair_kernels, single_device
+from .block_sizes import BlockSizes
+from .gpu_calls import LOG2_E, GpuKernels, Shapes, grad_scale, pair_kernels, single_device
 from .pallas_gpu import MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
 
 INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
@@ -138,7 +138,6 @@ def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
 
 
 KERNELS = GpuKernels(_forward, _row_term, _backward_dq, _backward_dkv)
-_attention = single_device(KERNELS)  # the custom_vjp of vjp.py
 
 
 def fit_block_sizes(block_sizes, seq_len, head_dim):
@@ -162,25 +161,7 @@ def check_runnable(interpret=False):
     raise ValueError("forgetting_attention: impl='triton' needs a GPU; on CPU use impl='xla'")
 
 
-def triton_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
-                     prune_threshold=None, window=None):
-  """Triton backend; layouts as in ``forgetting_attention``. Pads T up to the block sizes.
-
-  ``prune_threshold`` [batch, heads] (or None) enables tile skipping (see pruning.py).
-  ``window``: None or a static int, sliding-window attention (tiles outside the band skipped).
-  """
-  seq_len, head_dim = q.shape[1], q.shape[-1]
-  require_head_dim("triton", head_dim, SUPPORTED_HEAD_DIMS)
-  check_runnable(interpret)
-  sizes = fit_block_sizes(block_sizes, seq_len, head_dim)
-  padded_len = padded_length(seq_len, sizes.largest)
-  prune = prune_threshold is not None
-  thr = (prune_threshold if prune else jnp.zeros(q.shape[:1] + q.shape[2:3]))  # natural units, as c
-  o = _attention(pad_seq(q, padded_len), pad_seq(k, padded_len), pad_seq(v, padded_len),
-                 heads_major(log_fgate, padded_len).astype(jnp.float32),
-                 heads_major(segment_ids, padded_len).astype(jnp.int32),
-                 thr.astype(jnp.float32), (Static(float(sm_scale), sizes, prune, window),))
-  return o[:, :seq_len]
+triton_attention = single_device(KERNELS, "triton", SUPPORTED_HEAD_DIMS, fit_block_sizes, check_runnable)
 
 
 # Compiled on NVIDIA GPUs only (no interpret mode), with jax-triton installed (Python >= 3.12);

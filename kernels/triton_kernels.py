@@ -193,10 +193,12 @@ def _rows(start, BLOCK: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexp
 # ----------------------------------------------------------------------------------- forward
 
 @triton.jit
-def _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, CK, CKLO, SEGK, k_local, k_off, scale2,
-                  BLOCK_K: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
-                  PAIR: tl.constexpr):
+def _key_tile(q, c_q, clo_q, seg_q, pos_q, K, CK, CKLO, SEGK, k_local, k_off, scale2,
+              BLOCK_K: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr, PAIR: tl.constexpr):
+  """A query block's masked base-2 logits [BLOCK_Q, BLOCK_K] against the key tile k_local..
+  (local), with that tile's k and its offsets in k/v-shaped arrays (the forward's and dQ's
+  sweeps; the dK/dV kernel's transposed tile is its own)."""
   cols = k_local + tl.arange(0, BLOCK_K)
   kv_tile = _rows(k_local, BLOCK_K, KV_HEADS, HEAD_DIM, PAIR)
   k = tl.load(K + kv_tile)
@@ -204,6 +206,16 @@ def _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, CK, CKLO, SEGK, 
               clo_q[:, None], tl.load(CKLO + cols)[None, :], seg_q[:, None],
               tl.load(SEGK + cols)[None, :], pos_q[:, None], (k_off + cols)[None, :], scale2, CAUSAL,
               WINDOW)
+  return s, k, kv_tile
+
+
+@triton.jit
+def _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, CK, CKLO, SEGK, k_local, k_off, scale2,
+                  BLOCK_K: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+                  PAIR: tl.constexpr):
+  s, _, kv_tile = _key_tile(q, c_q, clo_q, seg_q, pos_q, K, CK, CKLO, SEGK, k_local, k_off, scale2, BLOCK_K,
+                            KV_HEADS, HEAD_DIM, CAUSAL, WINDOW, IEEE, PAIR)
   m_new = tl.maximum(m, tl.max(s, 1))
   m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows fully masked so far stay at zero
   p = tl.exp2(s - m_safe[:, None])
@@ -333,13 +345,8 @@ def _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, CK,
              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, ROW_TERM: tl.constexpr,
              IEEE: tl.constexpr, PAIR: tl.constexpr):
   """P and dP of one tile; then dQ += dS K, or (ROW_TERM) only delta += rowsum(P * dP)."""
-  cols = k_local + tl.arange(0, BLOCK_K)
-  tile = _rows(k_local, BLOCK_K, KV_HEADS, HEAD_DIM, PAIR)
-  k = tl.load(K + tile)
-  s = _logits(_dot(q, tl.trans(k), IEEE), c_q[:, None], tl.load(CK + cols)[None, :],
-              clo_q[:, None], tl.load(CKLO + cols)[None, :], seg_q[:, None],
-              tl.load(SEGK + cols)[None, :], pos_q[:, None], (k_off + cols)[None, :], scale2, CAUSAL,
-              WINDOW)
+  s, k, tile = _key_tile(q, c_q, clo_q, seg_q, pos_q, K, CK, CKLO, SEGK, k_local, k_off, scale2, BLOCK_K,
+                         KV_HEADS, HEAD_DIM, CAUSAL, WINDOW, IEEE, PAIR)
   p = tl.exp2(s - lse[:, None])
   dp = _dot(do, tl.trans(tl.load(V + tile)), IEEE)
   if ROW_TERM:

@@ -36,6 +36,19 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
+
+def _import_the_project_as_installed():
+  """Take the checkout's root off sys.path (`python -m pytest` and xdist's workers put the current
+  directory there): the tests import lpcjax as a user's install does, where ./kernels is
+  `lpcjax.kernels`. On the path, ./kernels shadows PyPI's unrelated `kernels`, which transformers
+  (>= 5.25, in the peer extra) imports, and the peer tests' import of fla fails."""
+  import sys
+  sys.path[:] = [entry for entry in sys.path
+                 if pathlib.Path(entry or os.curdir).resolve() != REPO]
+
+
+_import_the_project_as_installed()
+
 # The tests left out of the README's command (`-m "not slow"`, what CI runs), beside the ones
 # marked in their files: the slowest of the full suite's `--durations` (2 CPU cores, Dec 2026),
 # each an end-to-end run or a variant whose behaviour a faster test of the command also covers

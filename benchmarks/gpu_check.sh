@@ -5,19 +5,7 @@
 # keeps what it measured; train_step.py writes once, at its end.
 #   here, once:  bash benchmarks/gpu_wheels.sh     # packages the device lacks -> .whl/
 #   device:      bash benchmarks/gpu_check.sh      # (carry .whl)
-set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-benchmarks/results}"
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-py=python3
-if compgen -G ".whl/*.whl" > /dev/null; then  # no network there: install what was carried
-  $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-$py -m pip install -q --no-deps --no-build-isolation -e . || exit 1
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  $py -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$out/gpu_env.txt"
+. "$(dirname "$0")/gpu_setup.sh"
 
 # (test_triton_kernels.py runs the Triton kernels interpreted on the CPU: skipped here, where the
 # shared suite runs impl="triton" compiled)

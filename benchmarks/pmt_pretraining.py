@@ -60,12 +60,14 @@ def config_name(name, variant):
   return f"pmt:{size}_{VARIANTS[variant]}" if VARIANTS[variant] else f"pmt:{size}"
 
 
-def files(name, validation):
+def files(name, args):
   if name == SYNTHETIC:
     return None, None
-  train = os.path.join(UCR, name, f"{name}_TRAIN.tsv.gz")
-  test = os.path.join(UCR, name, f"{name}_TEST.tsv.gz")
-  return train, (None if validation or not os.path.exists(test) else test)
+  train = os.path.join(args.ucr_dir, name, f"{name}_TRAIN.tsv.gz")
+  test = os.path.join(args.ucr_dir, name, f"{name}_TEST.tsv.gz")
+  if not os.path.exists(train):
+    raise SystemExit(f"{train}: no such file (--ucr-dir {args.ucr_dir} has no set {name})")
+  return train, (None if args.validation or not os.path.exists(test) else test)
 
 
 def run_path(args, name, variant, seed):
@@ -80,7 +82,7 @@ def run_one(args, name, variant, seed):
     return _load(run, out)
   if args.fresh and os.path.exists(run):  # redo: not a resume of the old run
     shutil.rmtree(run)
-  train, test = files(name, args.validation)
+  train, test = files(name, args)
   overrides = [f"train.steps={args.steps}", f"train.seed={seed}", f"train.run_dir={args.run_dir}",
                f"train.run_name={os.path.basename(run)}", *args.extra]
   if train:
@@ -121,7 +123,7 @@ def controls_only(args):
                                classifier="svm", features="cls")
   out = {}
   for name in args.sets:
-    train, test = files(name, args.validation)
+    train, test = files(name, args)
     overrides = [f"data.train_file={train}"] + ([f"data.eval_file={test}"] if test else [])
     config = experiment.apply_overrides(experiment.load_experiment("configs/pmt.py:tiny"), overrides)
     splits = {split: data.make_source(config.data, 0, split) for split in ("train", "eval")}
@@ -278,6 +280,9 @@ def build_parser():
   parser.add_argument("--validation", action="store_true", help="held-out 30 %% of TRAIN, never TEST")
   parser.add_argument("--extra", nargs="*", default=[], help="overrides for every training run")
   parser.add_argument("--run-dir", default="runs/pmt_pretraining")
+  parser.add_argument("--ucr-dir", default=UCR,
+                      help="the folder of the UCR sets, one folder per set holding NAME_TRAIN.tsv.gz "
+                           "(and NAME_TEST.tsv.gz); default ../shared/data/ucr beside the checkout")
   parser.add_argument("--fresh", action="store_true")
   parser.add_argument("--jobs", type=int, default=1, help="cells run at once (each a train.py, then an eval.py)")
   parser.add_argument("--cached-only", action="store_true",

@@ -96,3 +96,10 @@ def test_the_table_has_macro_f1_beside_accuracy(driver, capsys):
       assert 0 < cell["macro_f1"] <= 1 and cell["macro_f1"] != cell["accuracy"]
   driver.print_table(table, results, [0.01, 0.05, 1.0])
   assert "probe macro-F1 per pre-training seed, pmt: 1% " in capsys.readouterr().out
+
+
+def test_a_set_missing_from_the_ucr_folder_is_a_one_line_error(driver, tmp_path):
+  with pytest.raises(SystemExit, match=r"Wafer_TRAIN.tsv.gz: no such file \(--ucr-dir .* has no set Wafer\)"):
+    driver.main(["--sets", "Wafer", "--controls-only", "--ucr-dir", str(tmp_path),
+                 "--out", str(tmp_path / "controls.json")])
+  assert not (tmp_path / "controls.json").exists()

@@ -1,0 +1,17 @@
+# Sourced by the scripts of a device session (gpu_check.sh, pmt_grid_gpu.sh): moves to the
+# checkout's root, sets $out (logs and JSON: $OUT, or benchmarks/results/) and $py, installs the
+# wheels carried in .whl/ (benchmarks/gpu_wheels.sh; the device has no network) and lpcjax, and
+# records the machine in $out/gpu_env.txt.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-benchmarks/results}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py=python3
+if compgen -G ".whl/*.whl" > /dev/null; then  # no network there: install what was carried
+  $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+$py -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  $py -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$out/gpu_env.txt"

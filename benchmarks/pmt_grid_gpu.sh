@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue #37's PMT grid on its two longest UCR sets, EOGHorizontalSignal and Computers (about 16 and
+# 7 hours of the 2-core CPU machine), in one device session: PMT, lambda_PCL = 0 and matched full
+# attention at the 1,500-step recipe, seeds 0-2, with the random init of each (--random-init-all),
+# probed as the CPU grids (docs/pmt.md). Seed by seed, each seed one driver call adding its cells to
+# the same JSON, so a timeout keeps every whole seed; the same command again on the still-warm
+# machine continues (cells checkpoint every 100 steps under runs/, which stays there between calls).
+# The cells' configs, metrics and eval results come back as one tar.gz beside the JSON.
+#   here, once:  bash benchmarks/gpu_wheels.sh && bash benchmarks/pmt_grid_gpu.sh --stage
+#   device:      bash benchmarks/pmt_grid_gpu.sh     (carry .whl and .ucr; BUDGET=seconds, default 540)
+# SETS, SEEDS, STEPS and JOBS override the grid (a tiny CPU rehearsal:
+# JAX_PLATFORMS=cpu SETS=Computers SEEDS=0 STEPS=3 JOBS=2 OUT=/tmp/g bash benchmarks/pmt_grid_gpu.sh).
+if [ "${1:-}" = "--stage" ]; then  # copy the sets out of ../shared (which does not travel) into .ucr/
+  cd "$(dirname "$0")/.." && mkdir -p .ucr
+  for set in ${SETS:-EOGHorizontalSignal Computers}; do cp -r "../shared/data/ucr/$set" .ucr/; done
+  du -sh .ucr; exit
+fi
+. "$(dirname "$0")/gpu_setup.sh"
+deadline=$((SECONDS + ${BUDGET:-540}))
+# Six or more processes share the GPU: none may take most of its memory up front. float32 matmuls
+# as on the CPU (no TF32), so that the cells compare with the CPU grids' figures.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest
+export TQDM_MININTERVAL=30  # the cells' progress bars, in the log every 30 s
+sets=(${SETS:-EOGHorizontalSignal Computers})
+for seed in ${SEEDS:-0 1 2}; do
+  left=$((deadline - SECONDS))
+  [ "$left" -gt 30 ] || break
+  # (output to a file, not a pipe: after a timeout the cells outlive the driver until told to stop)
+  timeout "$left" $py benchmarks/pmt_pretraining.py --sets "${sets[@]}" \
+    --variants pmt pmt_no_pcl full_matched --random-init-all --seeds "$seed" --steps "${STEPS:-1500}" \
+    --label-seeds 5 --gaps 0,1,2 --extra train.checkpoint_every=100 --jobs "${JOBS:-6}" \
+    --run-dir runs/pmt_grid_gpu --ucr-dir .ucr --out "$out/pmt_grid_gpu.json" >> "$out/pmt_grid_gpu.log" 2>&1
+  status=$?
+  echo "seed $seed: exit $status at ${SECONDS} s" | tee -a "$out/pmt_grid_gpu.log"
+  if [ "$status" -ne 0 ]; then  # timed out or failed: each cell saves its checkpoint on TERM
+    pkill -TERM -f "train.py --resume-or-start --config pmt:"; sleep 20; break
+  fi
+done
+tar czf "$out/pmt_grid_gpu_runs.tar.gz" --exclude=checkpoints runs/pmt_grid_gpu
+ls -l "$out"

@@ -21,6 +21,9 @@ deadline=$((SECONDS + ${BUDGET:-540}))
 # as on the CPU (no TF32), so that the cells compare with the CPU grids' figures.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest
 export TQDM_MININTERVAL=30  # the cells' progress bars, in the log every 30 s
+# The seeds share their programs: a persistent compilation cache compiles each variant's once.
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/lpcjax-jax-cache}"
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 sets=(${SETS:-EOGHorizontalSignal Computers})
 for seed in ${SEEDS:-0 1 2}; do
   left=$((deadline - SECONDS))

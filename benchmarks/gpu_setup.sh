@@ -12,6 +12,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then  # no network there: install what w
   $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# --no-build-isolation: no network to fetch a build backend; the carried setuptools (first on
+# PYTHONPATH) builds it, since pyproject.toml's SPDX license needs setuptools >= 77.
 $py -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   $py -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$out/gpu_env.txt"

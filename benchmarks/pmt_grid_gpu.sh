@@ -11,28 +11,28 @@
 #   device:      bash benchmarks/pmt_grid_gpu.sh     (carry .whl and .ucr; BUDGET=seconds, default 540)
 # SETS, SEEDS, STEPS and JOBS override the grid (a tiny CPU rehearsal:
 # JAX_PLATFORMS=cpu SETS=Computers SEEDS=0 STEPS=3 JOBS=2 OUT=/tmp/g bash benchmarks/pmt_grid_gpu.sh).
+sets=(${SETS:-EOGHorizontalSignal})
 if [ "${1:-}" = "--stage" ]; then  # copy the sets out of ../shared (which does not travel) into .ucr/
   cd "$(dirname "$0")/.." && mkdir -p .ucr
-  for set in ${SETS:-EOGHorizontalSignal}; do cp -r "../shared/data/ucr/$set" .ucr/; done
+  for set in "${sets[@]}"; do cp -r "../shared/data/ucr/$set" .ucr/; done
   du -sh .ucr; exit
 fi
 . "$(dirname "$0")/gpu_setup.sh"
 deadline=$((SECONDS + ${BUDGET:-540}))
-# Six or more processes share the GPU: none may take most of its memory up front. float32 matmuls
+# A seed's cells (three a set) share the GPU: none may take most of its memory up front. float32 matmuls
 # as on the CPU (no TF32), so that the cells compare with the CPU grids' figures.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest
 export TQDM_MININTERVAL=30  # the cells' progress bars, in the log every 30 s
 # The seeds share their programs: a persistent compilation cache compiles each variant's once.
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/lpcjax-jax-cache}"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
-sets=(${SETS:-EOGHorizontalSignal})
 for seed in ${SEEDS:-0 1 2}; do
   left=$((deadline - SECONDS))
   [ "$left" -gt 30 ] || break
   # (output to a file, not a pipe: after a timeout the cells outlive the driver until told to stop)
   timeout "$left" $py benchmarks/pmt_pretraining.py --sets "${sets[@]}" \
     --variants pmt pmt_no_pcl full_matched --random-init-all --seeds "$seed" --steps "${STEPS:-1500}" \
-    --label-seeds 5 --gaps 0,1,2 --extra train.checkpoint_every=100 --jobs "${JOBS:-6}" \
+    --label-seeds 5 --gaps 0,1,2 --extra train.checkpoint_every=100 --jobs "${JOBS:-$((3 * ${#sets[@]}))}" \
     --run-dir runs/pmt_grid_gpu --ucr-dir .ucr --out "$out/pmt_grid_gpu.json" >> "$out/pmt_grid_gpu.log" 2>&1
   status=$?
   echo "seed $seed: exit $status at ${SECONDS} s" | tee -a "$out/pmt_grid_gpu.log"

@@ -9,9 +9,12 @@
 # The cells' configs, metrics and eval results come back as one tar.gz beside the JSON.
 #   here, once:  bash benchmarks/gpu_wheels.sh && bash benchmarks/pmt_grid_gpu.sh --stage
 #   device:      bash benchmarks/pmt_grid_gpu.sh     (carry .whl and .ucr; BUDGET=seconds, default 540)
-# SETS, SEEDS, STEPS and JOBS override the grid (a tiny CPU rehearsal:
+# SETS, VARIANTS, SEEDS, STEPS and JOBS override the grid. A SEEDS word of commas ("0,1,2") is one
+# driver call over those seeds, their cells all at once (more cells share the GPU; a timeout keeps
+# the cells that finished, in the tar.gz). A tiny CPU rehearsal:
 # JAX_PLATFORMS=cpu SETS=Computers SEEDS=0 STEPS=3 JOBS=2 OUT=/tmp/g bash benchmarks/pmt_grid_gpu.sh).
 sets=(${SETS:-EOGHorizontalSignal})
+variants=(${VARIANTS:-pmt pmt_no_pcl full_matched})
 if [ "${1:-}" = "--stage" ]; then  # copy the sets out of ../shared (which does not travel) into .ucr/
   cd "$(dirname "$0")/.." && mkdir -p .ucr
   for set in "${sets[@]}"; do cp -r "../shared/data/ucr/$set" .ucr/; done
@@ -27,12 +30,14 @@ export TQDM_MININTERVAL=30  # the cells' progress bars, in the log every 30 s
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/lpcjax-jax-cache}"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 for seed in ${SEEDS:-0 1 2}; do
+  seeds=(${seed//,/ })
   left=$((deadline - SECONDS))
   [ "$left" -gt 30 ] || break
   # (output to a file, not a pipe: after a timeout the cells outlive the driver until told to stop)
   timeout "$left" $py benchmarks/pmt_pretraining.py --sets "${sets[@]}" \
-    --variants pmt pmt_no_pcl full_matched --random-init-all --seeds "$seed" --steps "${STEPS:-1500}" \
-    --label-seeds 5 --gaps 0,1,2 --extra train.checkpoint_every=100 --jobs "${JOBS:-$((3 * ${#sets[@]}))}" \
+    --variants "${variants[@]}" --random-init-all --seeds "${seeds[@]}" --steps "${STEPS:-1500}" \
+    --label-seeds 5 --gaps 0,1,2 --extra train.checkpoint_every=100 \
+    --jobs "${JOBS:-$((${#variants[@]} * ${#seeds[@]} * ${#sets[@]}))}" \
     --run-dir runs/pmt_grid_gpu --ucr-dir .ucr --out "$out/pmt_grid_gpu.json" >> "$out/pmt_grid_gpu.log" 2>&1
   status=$?
   echo "seed $seed: exit $status at ${SECONDS} s" | tee -a "$out/pmt_grid_gpu.log"

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Issue #37's PMT grid on its longest UCR set, EOGHorizontalSignal (about 16 hours of the 2-core
-# CPU machine; the CPU grids hold the other sets, Computers included; SETS adds any), in one device
-# session: PMT, lambda_PCL = 0 and matched full attention at the 1,500-step recipe, seeds 0-2, with
+# CPU machine; the CPU grids hold the other sets, Computers included; SETS adds any) on the GPU
+# machine: PMT, lambda_PCL = 0 and matched full attention at the 1,500-step recipe, seeds 0-2, with
 # the random init of each (--random-init-all), probed as the CPU grids (docs/pmt.md). Seed by seed,
 # each seed one driver call adding its cells to the same JSON, so a timeout keeps every whole seed;
 # the same command again on the still-warm machine continues (cells checkpoint every 100 steps
-# under runs/, which stays there between calls).
+# under runs/, which stays there between calls). On an H200 (2026-12-04) three full-attention cells
+# side by side took 334 s with their probes, and six PMT cells side by side trained in about 6 min,
+# so the whole grid needs more than one 15-minute device session: give each its VARIANTS.
 # The cells' configs, metrics and eval results come back as one tar.gz beside the JSON.
 #   here, once:  bash benchmarks/gpu_wheels.sh && bash benchmarks/pmt_grid_gpu.sh --stage
 #   device:      bash benchmarks/pmt_grid_gpu.sh     (carry .whl and .ucr; BUDGET=seconds, default 540)
 # SETS, VARIANTS, SEEDS, STEPS and JOBS override the grid. A SEEDS word of commas ("0,1,2") is one
 # driver call over those seeds, their cells all at once (more cells share the GPU; a timeout keeps
-# the cells that finished, in the tar.gz). A tiny CPU rehearsal:
-# JAX_PLATFORMS=cpu SETS=Computers SEEDS=0 STEPS=3 JOBS=2 OUT=/tmp/g bash benchmarks/pmt_grid_gpu.sh).
+# the cells that finished, in the tar.gz). A tiny CPU rehearsal (Python 3.12, as the device's):
+# SETS=ECG200 bash benchmarks/pmt_grid_gpu.sh --stage, then
+# JAX_PLATFORMS=cpu SETS=ECG200 VARIANTS=full_matched SEEDS=0,1 STEPS=3 OUT=/tmp/g \
+#   bash benchmarks/pmt_grid_gpu.sh
 sets=(${SETS:-EOGHorizontalSignal})
 variants=(${VARIANTS:-pmt pmt_no_pcl full_matched})
 if [ "${1:-}" = "--stage" ]; then  # copy the sets out of ../shared (which does not travel) into .ucr/

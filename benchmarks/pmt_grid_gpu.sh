@@ -6,8 +6,9 @@
 # each seed one driver call adding its cells to the same JSON, so a timeout keeps every whole seed;
 # the same command again on the still-warm machine continues (cells checkpoint every 100 steps
 # under runs/, which stays there between calls). On an H200 (2026-12-04) three full-attention cells
-# side by side took 334 s with their probes, and six PMT cells side by side trained in about 6 min,
-# so the whole grid needs more than one 15-minute device session: give each its VARIANTS.
+# side by side took 334 s with setup and probes; six PMT / lambda_PCL = 0 cells side by side then
+# trained at 12-13 steps/s each but did not reach their probes in the session's 15 device minutes,
+# so the whole grid needs more than one device session: give each its VARIANTS.
 # The cells' configs, metrics and eval results come back as one tar.gz beside the JSON.
 #   here, once:  bash benchmarks/gpu_wheels.sh && bash benchmarks/pmt_grid_gpu.sh --stage
 #   device:      bash benchmarks/pmt_grid_gpu.sh     (carry .whl and .ucr; BUDGET=seconds, default 540)

@@ -49,7 +49,7 @@ def _main(argv):
 
 
 def _evaluate(argv, run_dirs):
-  from lpcjax.evaluation.runner import evaluators_of, load_run, read_config
+  from lpcjax.runs import evaluators_of, load_run, read_config
 
   configs = [read_config(run) for run in run_dirs]  # once per run: the evaluators, then the loads
   evaluators = evaluators_of(configs)

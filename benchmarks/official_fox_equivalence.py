@@ -153,7 +153,7 @@ def randomize(torch, model, seed):
 
 def compare(torch, model_cls, config, tokens, seed, workdir, name):
   from lpcjax.convert import import_checkpoint
-  from lpcjax.evaluation.runner import load_run
+  from lpcjax.runs import load_run
   model = model_cls(config).eval()
   randomize(torch, model, seed)
   with torch.no_grad():

@@ -68,7 +68,7 @@ def random_gate_rows(args):
 def attention_inputs(run_dir, tokens_prefix, seq_len):
   """[(q, k, log_f)] per attention layer of the run's model reading seq_len real tokens."""
   from lpcjax.data.prepare import load_token_file
-  from lpcjax.evaluation.runner import load_run
+  from lpcjax.runs import load_run
   from lpcjax.layers import attention
 
   run = load_run(run_dir)

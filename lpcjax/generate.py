@@ -98,7 +98,7 @@ def main(argv=None):
 
   from lpcjax.data import load_gpt2_tokenizer
   from lpcjax.decoding import GenerationError, Sampling, TokenPrinter, check_decodes, generate
-  from lpcjax.evaluation.runner import load_run
+  from lpcjax.runs import load_run
 
   def generate_text():
     sampling = Sampling(args.temperature, args.top_k, args.top_p)

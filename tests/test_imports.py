@@ -110,7 +110,7 @@ def test_the_check_sees_a_cycle(tmp_path):
 
 
 # The floors of docs/layout.md, ground floor first: a module imports only modules of its own
-# floor or below. The most specific prefix names a module's floor (lpcjax.evaluation.runner
+# floor or below. The most specific prefix names a module's floor (lpcjax.runs
 # sits above the evaluators of its package).
 FLOORS = {
     "lpcjax": 1, "lpcjax.errors": 1, "lpcjax.config": 1, "lpcjax.cli": 1, "lpcjax.files": 1,
@@ -122,7 +122,7 @@ FLOORS = {
     "lpcjax.models": 6,
     "lpcjax.experiment": 7, "lpcjax.paper_recipe": 7,
     "lpcjax.training": 8,
-    "lpcjax.evaluation.runner": 9, "lpcjax.convert": 9,
+    "lpcjax.runs": 9, "lpcjax.convert": 9,
     "lpcjax.generate": 10, "lpcjax.convert.__main__": 10, "lpcjax.data.__main__": 10,
 }
 
@@ -145,11 +145,37 @@ def test_every_module_has_a_floor():
   assert all(floor_of(name) for name in module_files())
 
 
+def folder_of(module):
+  """The room a module stands in: its package below lpcjax (``lpcjax.models``), or the module
+  itself where it is a single file (``lpcjax.runs``)."""
+  return ".".join(module.split(".")[:2])
+
+
+def test_every_folder_stands_on_one_floor():
+  """No module of a package has a floor of its own, but the package's entry points (docs/layout.md:
+  a package is one room of the house)."""
+  special = [p for p in FLOORS if p != folder_of(p) and p not in ENTRY_POINTS]
+  assert not special, f"modules given a floor apart from their package: {special}"
+
+
+def test_folders_import_down_the_floors():
+  """Drawn as folders (packages) and arrows, no arrow runs back up and no two folders import
+  each other, entry points aside."""
+  modules = module_files()
+  edges = {(folder_of(name), folder_of(target)) for name, path in modules.items() if name not in ENTRY_POINTS
+           for target, _ in imports_of(name, path, modules)
+           if folder_of(name) != folder_of(target) and (name, target) not in OPTIONAL}
+  upward = sorted((a, b) for a, b in edges if floor_of(b) > floor_of(a))
+  mutual = sorted((a, b) for a, b in edges if (b, a) in edges and a < b)
+  assert not upward and not mutual, f"folders importing up: {upward}; importing each other: {mutual}"
+
+
 def test_the_floors_check_sees_an_upward_import(tmp_path):
-  """A layer importing a family runs up the floors; the runner sits above its package's evaluators."""
+  """A layer importing a family runs up the floors; run loading sits above training and the
+  evaluators."""
   layer = tmp_path / "layer.py"
   layer.write_text("from lpcjax.models import fox\n")
   modules = {"lpcjax.layers.layer": layer, "lpcjax.models.fox": tmp_path / "fox.py"}
   (target, _), = imports_of("lpcjax.layers.layer", layer, modules)
   assert floor_of(target) > floor_of("lpcjax.layers.layer")
-  assert floor_of("lpcjax.evaluation.runner") > floor_of("lpcjax.training") > floor_of("lpcjax.evaluation.series")
+  assert floor_of("lpcjax.runs") > floor_of("lpcjax.training") > floor_of("lpcjax.evaluation.series")

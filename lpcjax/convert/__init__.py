@@ -40,7 +40,7 @@ import numpy as np
 
 from lpcjax import experiment, models
 from lpcjax.data import MQARDataConfig, TokenFileConfig, TokenizerError, load_gpt2_tokenizer
-from lpcjax.evaluation.runner import load_run
+from lpcjax.runs import load_run
 from lpcjax.files import write_json_atomic
 from lpcjax.layers.common import dtype_of, num_params
 from lpcjax.training.checkpoint import Checkpointer

@@ -4,7 +4,7 @@ perplexity vs context and retrieval probes; the time-series encoders' one (``ser
 and cue-retention probes on frozen features.
 
 These sit below the families. Loading a run directory and running its family's evaluator
-(``load_run``, ``evaluate_run``) is one floor up, in ``lpcjax.evaluation.runner``.
+(``load_run``, ``evaluate_run``) is in ``lpcjax.runs``, above the families and the trainer.
 """
 
 from .language_model import LanguageModelEvaluator

@@ -14,7 +14,7 @@ class Evaluator(Protocol):
     """Its command-line options (eval.py adds them after --run/--compare/--out)."""
 
   def evaluate(self, run, options: argparse.Namespace) -> dict:
-    """A JSON-ready result for one ``LoadedRun`` (``lpcjax.evaluation.runner``)."""
+    """A JSON-ready result for one ``LoadedRun`` (``lpcjax.runs``)."""
 
   def write(self, results: list, out_dir: str, options: argparse.Namespace) -> None:
     """The result file(s) and plots of one or more runs, into ``out_dir``."""

@@ -1,24 +1,21 @@
 """A run directory, the one module that reads and writes one: its config.json (read once per
 command), its checkpointed state read back (whole, to resume; params and mutable collections
-only, to evaluate, generate and start from its weights with ``train.init_from``), a run loaded
-for evaluation and generation (``load_run``), and the trainer's side: created or resumed (with
-the checks that make a resume safe), and its metrics log (metrics.jsonl, TensorBoard).
+only, to evaluate, generate and start from its weights with ``train.init_from``), and the
+trainer's side: created or resumed (with the checks that make a resume safe), and its metrics
+log (metrics.jsonl, TensorBoard). A run loaded for evaluation and generation (``load_run``) is
+one floor up, in ``lpcjax.runs``.
 """
 
-import dataclasses
 import json
 import os
 import time
 
-import flax.linen as nn
 import jax
 
 from lpcjax import experiment, models
 from lpcjax.config import ConfigError
-from lpcjax.data import with_tokenizer
 from lpcjax.errors import UserError
 from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
-from lpcjax.sharding import make_mesh, rules_from_config
 
 from .checkpoint import (Checkpointer, IncompleteCheckpointError, TreeMismatchError, has_checkpoint,
                          latest_checkpoint_step, tree_mismatch)
@@ -98,47 +95,6 @@ def restore_checked(checkpointer, run_dir, *args, variables_only=False, **kwargs
     if mismatch is None:
       raise
     raise RunError(f"{run_dir}: {mismatch}") from None
-
-
-# ----------------------------------------------------------------------------- a run, loaded
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedRun:
-  """What an evaluator gets: the run's config, family and model, its restored params and
-  mutable collections (sharded on ``mesh`` by ``rules``)."""
-
-  run_dir: str
-  config: object
-  family: object
-  model: object
-  params: object
-  mutable: dict
-  mesh: object
-  rules: tuple
-  step: int
-
-  @property
-  def variables(self):
-    """The dict ``model.apply`` takes: params and the mutable collections."""
-    return {"params": self.params, **self.mutable}
-
-
-def load_run(run_dir, mesh=None, step=None, tokenizer_file=None, config=None):
-  """A LoadedRun of ``run_dir``'s checkpoint ``step`` (default: the latest), restored onto
-  ``mesh`` (default: every local device on the data axis) under the run's logical rules; its
-  params and mutable collections only, not the optimizer state. ``tokenizer_file`` replaces the
-  run's recorded rank file (``lpcjax.data.with_tokenizer``); ``config``: the run's, when the
-  caller has read it already (config.json is read once per command)."""
-  config = read_config(run_dir) if config is None else config
-  if mesh is None:
-    mesh = make_mesh(dataclasses.replace(config.train, mesh_data=-1, mesh_fsdp=1,
-                                                         mesh_context=1, mesh_tensor=1))
-  rules = rules_from_config(config.train)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):  # parameters only: no optimizer state
-    config, family, model, params, mutable, step = restore_variables(run_dir, mesh, rules, step, config)
-  config = dataclasses.replace(config, data=with_tokenizer(config.data, tokenizer_file, saved=True))
-  return LoadedRun(run_dir, config, family, model, params, mutable, mesh, rules, step)
 
 
 def parse_run_spec(spec):

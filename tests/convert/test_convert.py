@@ -197,7 +197,7 @@ def test_converted_run_works_with_the_harness(tmp_path, capsys):
   never replaces a folder this tool did not write."""
   from lpcjax import generate
   from lpcjax.experiment import apply_overrides
-  from lpcjax.evaluation.runner import load_run
+  from lpcjax.runs import load_run
   from lpcjax.training import train
 
   cfg = FoXConfig(**TINY, block="pro")

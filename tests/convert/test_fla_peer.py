@@ -71,7 +71,7 @@ def fla_logits(model, tokens):
 
 
 def lpcjax_logits(run_dir, tokens):
-  from lpcjax.evaluation.runner import load_run
+  from lpcjax.runs import load_run
   run = load_run(str(run_dir))
   return np.asarray(run.model.apply(run.variables, tokens))
 

@@ -8,7 +8,7 @@ import pytest
 from lpcjax import experiment as C
 from lpcjax.data import DataError, DelayedIdConfig, make_dataset
 from lpcjax.evaluation import LanguageModelEvaluator, answer_accuracy
-from lpcjax.evaluation.runner import evaluate_run
+from lpcjax.runs import evaluate_run
 from lpcjax.training import train
 
 from conftest import REPO, tiny_experiment

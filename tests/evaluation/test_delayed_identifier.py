@@ -10,7 +10,7 @@ import pytest
 
 from lpcjax.data import load_gpt2_tokenizer
 from lpcjax.data import tokenize_files
-from lpcjax.evaluation.runner import load_run
+from lpcjax.runs import load_run
 from lpcjax.evaluation.delayed_identifier import HEADER, delayed_identifier_probe, identifier_losses, probe_prompts
 
 from conftest import TEXT, cli

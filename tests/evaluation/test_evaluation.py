@@ -12,7 +12,7 @@ from lpcjax import models
 from lpcjax.data import DataError, load_gpt2_tokenizer
 from lpcjax.evaluation import (LanguageModelEvaluator, context_lengths, needle_example, needle_grid, per_token_losses,
                                recall_by_distance, score_answers, score_generated, summarize)
-from lpcjax.evaluation.runner import RunError, evaluate_run, evaluator_options, load_run
+from lpcjax.runs import RunError, evaluate_run, evaluator_options, load_run
 from lpcjax.evaluation.per_token import confidence_band, roll_batch
 from lpcjax.sharding import make_mesh
 from lpcjax.training import train

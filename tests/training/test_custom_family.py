@@ -14,7 +14,7 @@ import pytest
 import toy_family
 from conftest import REPO, cli, sigterm_after_rows
 from lpcjax import experiment as C
-from lpcjax.evaluation.runner import load_run
+from lpcjax.runs import load_run
 
 
 def write_experiment(tmp_path, function="experiment"):

@@ -117,7 +117,7 @@ def test_train_writes_a_restorable_run_directory(tmp_path):
 def test_evaluation_restores_parameters_only(tmp_path, monkeypatch):
   """load_run reads the params (and mutable collections) of a full TrainState checkpoint and
   never its optimizer state: the full restore is not called, and the params are the same."""
-  from lpcjax.evaluation.runner import load_run
+  from lpcjax.runs import load_run
   from lpcjax.sharding import make_mesh
   from lpcjax.training import Checkpointer, restore_state
   run_dir, _ = train(tiny_experiment(tmp_path, "train.steps=1", "train.warmup_steps=0", "train.eval_batches=1"),
@@ -159,7 +159,7 @@ def test_a_stopped_run_prints_the_command_that_resumes_it(tmp_path, monkeypatch,
   throughput and MFU (train.peak_tflops: a CPU's peak is unknown); the progress bar ends at N/N;
   summary.json counts the time of both parts."""
   import shlex
-  from lpcjax.evaluation.runner import load_run
+  from lpcjax.runs import load_run
   sigterm_after_rows(monkeypatch, rows=2)
   arguments = tiny_arguments(tmp_path, "train.steps=4", "train.warmup_steps=1", "train.log_every=1",
                              "train.eval_batches=1", "train.peak_tflops=2", name=None)
@@ -243,7 +243,7 @@ def test_run_stops_after_nonfinite_steps_and_saves_nothing(tmp_path):
 
 
 def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path):
-  from lpcjax.evaluation.runner import load_run
+  from lpcjax.runs import load_run
   from lpcjax.training import RunError
   common = ("train.warmup_steps=1", "train.mesh_data=1", "train.log_every=1")
   source = tiny_experiment(tmp_path, "train.steps=3", "train.checkpoint_every=1", *common, name="a")

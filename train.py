@@ -67,7 +67,9 @@ def _train(args, argv):
   if args.print_config:
     print(experiment.to_json(config))
     return None, None
-  return train(config, resume=args.resume, resume_command=lambda run_name: resume_command(argv, run_name))
+  hooks = experiment.experiment_hooks(args.config, config, CONFIG_DIR)  # the file's get_hooks(config), if any
+  return train(config, resume=args.resume, resume_command=lambda run_name: resume_command(argv, run_name),
+               hooks=hooks)
 
 
 def main(argv=None):

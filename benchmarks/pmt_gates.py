@@ -5,15 +5,17 @@ series (``gate_openings``: mean and std over windows and series), every ``--ever
 
   python benchmarks/pmt_gates.py --set Wafer --steps 100 --every 10 [--plot docs/pmt_gates.png]
 
-The recipe is ``pmt:tiny``'s (the gate group, lr 1e-3, cosine over ``--steps``), in this process
-(train_step on random batches of 32 training series, numpy seed 0), not through train.py, so
-that the openings can be read between steps. Issue #37: the write gate's bias looked stuck while
-its opening moved.
+The recipe is ``pmt:tiny``'s (the gate group, lr 1e-3, cosine over ``--steps``), trained by
+train.py's loop (``lpcjax.training.train``: the Grain pipeline, the jitted step) in a temporary
+run directory; a ``Hook`` reads the gates every ``--every`` steps (and before the first), another
+the training loss of every step. Issue #37: the write gate's bias looked stuck while its opening
+moved.
 """
 
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 import jax
@@ -21,10 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from results_file import write_results
 
-from lpcjax import data, experiment, models
+from lpcjax import data, experiment
 from lpcjax.layers.pma import gate_openings, gate_values
-from lpcjax.models.pmt_losses import pmt_loss
-from lpcjax.training.steps import create_train_state, train_step
+from lpcjax.training import Hook, train
 
 UCR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data",
                    "ucr")
@@ -33,26 +34,24 @@ UCR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 def trajectory(args):
   train_file = os.path.join(UCR, args.set, f"{args.set}_TRAIN.tsv.gz")
   config = experiment.apply_overrides(experiment.load_experiment(f"configs/pmt.py:{args.config}"),
-                                      [f"data.train_file={train_file}", f"train.steps={args.steps}", *args.extra])
-  family = models.get("pmt")
-  model = family.build(config.model)
-  state = create_train_state(family, model, config)
-  x = np.asarray(data.make_source(config.data, 0, "train").x)
-  probe = jnp.asarray(x[:64])
-  rng = np.random.default_rng(0)
-  step = jax.jit(lambda s, b: train_step(s, b, pmt_loss))
-  sown = jax.jit(lambda p, m: model.apply({"params": p, **m}, probe, mutable=["intermediates"])[1])
+                                      [f"data.train_file={train_file}", f"train.steps={args.steps}",
+                                       "train.eval_every=0", "train.checkpoint_every=0", *args.extra])
+  probe = jnp.asarray(np.asarray(data.make_source(config.data, 0, "train").x)[:64])
   points, losses = [], []
-  for i in range(args.steps + 1):
-    if i % args.every == 0 or i == args.steps:
-      gates = gate_values(state.params["pma"])
-      for block, opened in gate_openings(sown(state.params, state.mutable)["intermediates"]["pma"]).items():
-        gates[block].update(opened)
-      points.append({"step": i, "gates": gates})
-    if i == args.steps:
-      break
-    state, metrics = step(state, {"x": jnp.asarray(x[rng.choice(len(x), config.data.batch_size, replace=False)])})
+
+  def read_gates(step, state, metrics):
+    sown = state.apply_fn({"params": state.params, **state.mutable}, probe, mutable=["intermediates"])[1]
+    gates = gate_values(state.params["pma"])
+    for block, opened in gate_openings(sown["intermediates"]["pma"]).items():
+      gates[block].update(opened)
+    points.append({"step": step, "gates": jax.tree.map(float, gates)})
+
+  def read_loss(step, state, metrics):
     losses.append(float(metrics["loss"][0] / metrics["loss"][1]))
+
+  with tempfile.TemporaryDirectory() as run_dir:
+    config = experiment.apply_overrides(config, [f"train.run_dir={run_dir}", "train.run_name=gates"])
+    train(config, progress=False, hooks=[Hook(args.every, read_gates, at_start=True), Hook(1, read_loss)])
   return config, points, losses
 
 

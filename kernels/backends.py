@@ -10,6 +10,8 @@ config check, as a one-line reason, before anything is traced.
 """
 
 import dataclasses
+import os
+import sys
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -101,15 +103,26 @@ class Backend:
 
 
 _BACKENDS = {}
+_SOURCES = {}  # name -> {"module", "file"} that registered it
 
 
 def register_backend(backend):
   """Add ``backend`` (a ``Backend``) to the table; it takes part in "auto" if it has a priority.
-  Registering a name again replaces the entry (a user's build of a kernel, say)."""
+  Registering a name again replaces the entry (a user's build of a kernel, say). The calling
+  module is remembered (``source_of``): a run trained with a backend of one's own records it,
+  so that a fresh eval.py imports it before checking ``model.attention_impl``."""
   if not isinstance(backend, Backend):
     raise TypeError(f"register_backend takes a Backend, got {type(backend).__name__}")
+  module = sys._getframe(1).f_globals.get("__name__", "")
+  file = getattr(sys.modules.get(module), "__file__", None)
   _BACKENDS[backend.name] = backend
+  _SOURCES[backend.name] = {"module": module, "file": os.path.abspath(file) if file else None}
   return backend
+
+
+def source_of(name):
+  """{"module", "file"}: where backend ``name`` was registered (None for "auto" or an unknown name)."""
+  return dict(_SOURCES[name]) if name in _SOURCES else None
 
 
 def ordered_backends():

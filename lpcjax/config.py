@@ -1,8 +1,9 @@
 """The config schema, on the ground floor: it imports nothing of lpcjax but ``lpcjax.errors``.
 
-Here: ``ConfigError`` and the ``require`` checks every config uses, the base of the data kinds'
-configs (``DataConfig``), the trainer's ``TrainConfig``, and the typed parsing of one section's
-``field=value`` strings (``replace_fields``). What puts a family config, a data config and a
+Here: ``ConfigError`` and the ``require`` checks every config uses, the bases of the family
+configs (``ModelConfig``) and of the data kinds' configs (``DataConfig``), the trainer's
+``TrainConfig``, and the typed parsing of one section's ``field=value`` strings
+(``replace_fields``). What puts a family config, a data config and a
 ``TrainConfig`` together into an experiment, resolves ``model.family`` / ``data.kind`` through
 the registries, loads experiment files and round-trips JSON is one floor up, in
 ``lpcjax.experiment``.
@@ -37,7 +38,28 @@ def require_choice(value, field, choices):
   require(value in choices, field, f"must be one of {sorted(choices)}, got {value!r}")
 
 
-# ----------------------------------------------------------------------------- data and training
+# ----------------------------------------------------------------------------- model, data and training
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The base of every family's config (the ``model`` section). A subclass names the family it
+  is registered as in a class attribute, ``family: ClassVar[str] = "my_family"``, which the run's
+  config.json records and eval.py looks up; its fields are the family's own (``model.*``)."""
+
+  family: ClassVar[str] = ""
+
+
+def family_name(model_config, field="model"):
+  """The family a model config names, or a one-line ConfigError saying how to name one."""
+  name = getattr(model_config, "family", "")
+  if not isinstance(name, str) or not name:
+    cls = model_config if isinstance(model_config, type) else type(model_config)
+    what = cls.__name__ if dataclasses.is_dataclass(cls) else f"{model_config!r} (not a dataclass)"
+    raise ConfigError(f"{field}: {what} names no family; a family config subclasses lpcjax.config.ModelConfig "
+                      'and names its family in a class attribute: family: ClassVar[str] = "NAME"')
+  return name
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,15 +18,17 @@ import os
 import sys
 import typing
 
-from lpcjax import data, models
-from lpcjax.config import (ConfigError, DataConfig, TrainConfig, did_you_mean, field_types, parse_value,
-                           replace_fields, require, switch_class)
+from lpcjax import data, kernels, models
+from lpcjax.config import (ConfigError, DataConfig, ModelConfig, TrainConfig, did_you_mean, family_name,
+                           field_types, parse_value, replace_fields, require, switch_class)
 from lpcjax.data.mqar import MQARDataConfig
+from lpcjax.registry import import_source
 
-# ConfigError, DataConfig and TrainConfig live in the schema (lpcjax.config); re-exported so an
-# experiment file needs one import.
-__all__ = ["ConfigError", "DataConfig", "ExperimentConfig", "TrainConfig", "apply_overrides", "config_names",
-           "from_dict", "load_experiment", "switch_family", "switch_kind", "to_dict", "to_json", "train_for"]
+# ConfigError, DataConfig, ModelConfig and TrainConfig live in the schema (lpcjax.config);
+# re-exported so an experiment file needs one import.
+__all__ = ["ConfigError", "DataConfig", "ExperimentConfig", "ModelConfig", "TrainConfig", "apply_overrides",
+           "config_names", "experiment_hooks", "from_dict", "load_experiment", "switch_family", "switch_kind",
+           "to_dict", "to_json", "train_for"]
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
@@ -36,8 +38,7 @@ class ExperimentConfig:
   name: str = "experiment"
 
   def __post_init__(self):
-    family = getattr(self.model, "family", None)
-    require(family is not None, "model", "must be a model family config from lpcjax.models")
+    family = family_name(self.model)
     require(isinstance(self.data, DataConfig) and self.data.kind, "data",
             "must be a data config from lpcjax.data (one class per data.kind)")
     spec = models.get(family)
@@ -144,24 +145,54 @@ def _first_docstring_line(source):
   return " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
 
 
+_EXPERIMENT_MODULES = {}  # (path, modified) -> module: an experiment file runs once per process and version
+
+
+def experiment_module(path):
+  """The experiment file at ``path``, run as a module. Its folder joins ``sys.path`` (at the
+  end, so it shadows no installed package): a family module or backend kept beside the
+  experiment file is imported by name, with no PYTHONPATH, and the run records it."""
+  path = os.path.abspath(path)
+  key = (path, os.stat(path).st_mtime_ns)
+  if key not in _EXPERIMENT_MODULES:
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+      sys.path.append(folder)
+    spec = importlib.util.spec_from_file_location(f"lpcjax_experiment_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _EXPERIMENT_MODULES[key] = module
+  return _EXPERIMENT_MODULES[key]
+
+
+def _experiment_path(path_or_name, search_dir):
+  """(the experiment file, the argument after its colon) of ``path_or_name``."""
+  path_or_name, _, argument = path_or_name.partition(":")
+  if os.path.exists(path_or_name):
+    return path_or_name, argument
+  candidate = os.path.join(search_dir, f"{path_or_name}.py")
+  if not os.path.exists(candidate):
+    names = config_names(search_dir)
+    raise ConfigError(f"config {path_or_name!r}: no such file, nor {candidate}"
+                      f"{did_you_mean(path_or_name, names, n=3)}; configs: {', '.join(names)} (--list-configs "
+                      "describes them)")
+  return candidate, argument
+
+
+def experiment_hooks(path_or_name, config, search_dir="configs"):
+  """The trainer hooks the experiment file registers: its ``get_hooks(config)`` (a list of
+  ``lpcjax.training.Hook``), or none when it defines no such function."""
+  get_hooks = getattr(experiment_module(_experiment_path(path_or_name, search_dir)[0]), "get_hooks", None)
+  return tuple(get_hooks(config)) if get_hooks else ()
+
+
 def load_experiment(path_or_name, search_dir="configs"):
   """Load ``get_config()`` from a Python file, or from ``configs/<name>.py``.
 
   ``file:arg`` (as in ml_collections) calls ``get_config("arg")``: ``paper:fox_pro_760m``.
   """
-  path_or_name, _, argument = path_or_name.partition(":")
-  path = path_or_name
-  if not os.path.exists(path):
-    candidate = os.path.join(search_dir, f"{path_or_name}.py")
-    if not os.path.exists(candidate):
-      names = config_names(search_dir)
-      raise ConfigError(f"config {path_or_name!r}: no such file, nor {candidate}"
-                        f"{did_you_mean(path_or_name, names, n=3)}; configs: {', '.join(names)} (--list-configs "
-                        "describes them)")
-    path = candidate
-  spec = importlib.util.spec_from_file_location(f"lpcjax_experiment_{abs(hash(path))}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  path, argument = _experiment_path(path_or_name, search_dir)
+  module = experiment_module(path)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"config {path}: defines no get_config()")
   try:
@@ -177,12 +208,16 @@ def load_experiment(path_or_name, search_dir="configs"):
 
 def to_dict(config):
   """The config as plain data, with the modules that registered its family and data kind
-  (``defined_in``), so that a fresh process can import a family defined outside the package."""
+  (``defined_in``), and of its attention backend where the model has one, so that a fresh process
+  can import a family or a backend defined outside the package."""
   out = dataclasses.asdict(config)
   out["model"] = {"family": config.model.family, **out["model"]}
   out["data"] = {"kind": config.data.kind, **out["data"]}
   out["defined_in"] = {"model.family": models.source_of(config.model.family),
                        "data.kind": data.source_of(config.data.kind)}
+  backend = kernels.source_of(getattr(config.model, "attention_impl", None))
+  if backend is not None and not backend["module"].startswith("lpcjax."):  # one's own: imported before the check
+    out["defined_in"]["model.attention_impl"] = backend
   return out
 
 
@@ -207,10 +242,13 @@ def _drop_old_defaults(values, cls, old_defaults):
 
 def from_dict(values):
   """Rebuild an ExperimentConfig from ``to_dict`` output (e.g. a run's config.json). The
-  family and data kind are looked up by name, after importing the modules the config records
-  when they are not registered yet; the family upgrades what older versions saved."""
+  family, data kind and attention backend are looked up by name, after importing the modules
+  the config records when they are not registered yet; the family upgrades what older versions saved."""
   sources = values.get("defined_in", {})
   family = models.get(values["model"]["family"], sources.get("model.family"))
+  impl = values["model"].get("attention_impl")
+  if sources.get("model.attention_impl") and impl not in kernels.available_impls():
+    import_source(sources["model.attention_impl"])
   values = family.upgrade_saved({**values, "model": dict(values["model"]), "data": dict(values["data"])})
   model_values, data_values = dict(values["model"]), dict(values["data"])
   del model_values["family"]

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from lpcjax import data, models
-from lpcjax.config import DataConfig, TrainConfig, require
+from lpcjax.config import DataConfig, ModelConfig, TrainConfig, require
 from lpcjax.data import MQARDataConfig
 from lpcjax.models.decoder import init_cache
 from lpcjax.experiment import ExperimentConfig
@@ -60,7 +60,7 @@ class ToySeriesSource:
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyClassifierConfig:
+class ToyClassifierConfig(ModelConfig):
   family: ClassVar[str] = "toy_classifier"
 
   width: int = 16

@@ -13,7 +13,7 @@ from typing import Optional
 
 import jax
 
-from lpcjax.config import require, require_choice
+from lpcjax.config import ModelConfig, require, require_choice
 from lpcjax.kernels import unsupported
 from lpcjax.layers.common import DTYPES
 from lpcjax.layers.forget_gate import GateConfig
@@ -30,16 +30,18 @@ def check_attention_impl(model, context_parallel=False):
   """``model.attention_impl`` against the kernel backends' declared support (head dim, compute
   dtype, window; with ``context_parallel``, the ring's pair kernels): a one-line ConfigError
   when the config is built, not a traceback when the model is traced. Not the platform: a
-  config may be written on one machine for another."""
-  kv_heads = getattr(model, "resolved_kv_heads", model.num_heads)
-  problem = unsupported(model.attention_impl, head_dim=model.resolved_head_dim, dtype=model.dtype,
-                        window=model.attention_window, context_parallel=context_parallel,
-                        kv_group=model.num_heads // kv_heads)
+  config may be written on one machine for another. A model config that lacks one of the
+  decoder's fields (a language model of one's own) is checked on those it has."""
+  heads = getattr(model, "num_heads", None)
+  kv_heads = getattr(model, "resolved_kv_heads", heads)
+  problem = unsupported(model.attention_impl, head_dim=getattr(model, "resolved_head_dim", None),
+                        dtype=getattr(model, "dtype", None), window=getattr(model, "attention_window", None),
+                        context_parallel=context_parallel, kv_group=heads // kv_heads if heads else None)
   require(problem is None, "model.attention_impl", problem)
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(ModelConfig):
   """Sizes (``head_dim`` None: d_model // num_heads), the init std of every projection, the
   compute and parameter dtypes by name, and the remat policy of the scanned blocks."""
 

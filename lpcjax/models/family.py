@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import jax
 
-from lpcjax.config import TrainConfig
+from lpcjax.config import ConfigError, TrainConfig, family_name
 from lpcjax.evaluation.protocol import Evaluator
 from lpcjax.registry import Registry, caller_source
 
@@ -21,8 +21,8 @@ from lpcjax.registry import Registry, caller_source
 class Family:
   """A model family.
 
-  * ``config_cls``: its frozen config dataclass (with a ``family`` class attribute = ``name``);
-    ``module_cls(config)`` is the Linen module.
+  * ``config_cls``: its frozen config dataclass, a subclass of ``lpcjax.config.ModelConfig``
+    whose ``family`` class attribute is ``name``; ``module_cls(config)`` is the Linen module.
   * ``loss(apply_fn, params, batch, *, rng, step, mutable, train) -> (loss, metrics,
     new_mutable)``: see ``lpcjax.losses``.
   * ``example_inputs(data_config)``: the positional arguments of ``module.init`` (a batch of
@@ -35,7 +35,8 @@ class Family:
   * ``rng_streams``: the rng names the model draws from at init (e.g. ``("dropout",)``).
   * ``throughput_unit`` and ``units_per_example(config)``: what the progress bar counts;
     ``flops_per_unit(config, params)``: the model's training FLOPs per such unit, from which
-    the trainer logs MFU (None: not logged).
+    the trainer logs MFU (None, or a function returning None: MFU is not logged, and the
+    trainer's start block says so once).
   * ``init_cache(config, batch, max_len)``: for families that decode token by token
     (``lpcjax.decoding``), an empty cache that ``module.apply(params, tokens, segment_ids,
     cache)`` prefills and then extends one token at a time; None: no cached decoding, and
@@ -74,6 +75,12 @@ class Family:
   context_parallel: bool = False
   train_config_cls: type = TrainConfig
   upgrade_saved: Callable[[dict], dict] = lambda values: values
+
+  def __post_init__(self):
+    declared = family_name(self.config_cls, field=f"family {self.name!r}")
+    if declared != self.name:
+      raise ConfigError(f"family {self.name!r}: its config class {self.config_cls.__name__} names family "
+                        f"{declared!r}; the class attribute family must be the registered name, {self.name!r}")
 
   def build(self, config):
     if not isinstance(config, self.config_cls):

@@ -11,7 +11,7 @@ from lpcjax.data import TASK_KINDS
 from lpcjax.evaluation.language_model import LanguageModelEvaluator
 from lpcjax.losses import lm_loss
 
-from .decoder_config import check_attention_impl
+from .decoder_config import DecoderConfig, check_attention_impl
 from .family import Family
 
 LM_DATA_KINDS = (*TASK_KINDS, "text", "tokens")
@@ -63,11 +63,13 @@ def decoder_flops_per_token(config, params):
 
 def language_model_family(name, config_cls, module_cls, **fields):
   """A Family that reads tokens and predicts the next one; throughput counts tokens (every
-  position of data.seq_len, and the FLOPs per token of ``decoder_flops_per_token``, unless the
-  family counts other units: then it gives its own ``flops_per_unit``, or none)."""
+  position of data.seq_len). A decoder (its config a ``DecoderConfig``) that counts tokens so
+  gets the FLOPs per token of ``decoder_flops_per_token``; any other model gives its own
+  ``flops_per_unit``, or none, and then MFU is not logged."""
   defaults = dict(loss=lm_loss, example_inputs=token_inputs, data_kinds=LM_DATA_KINDS, check=check_language_model,
                   evaluator=language_model_evaluator(), throughput_unit="tokens",
                   units_per_example=lambda config: config.data.seq_len)
-  if "units_per_example" not in fields:  # sith counts the m predicted tokens of a longer window
+  # sith counts the m predicted tokens of a longer window: its units are not the decoder's
+  if issubclass(config_cls, DecoderConfig) and "units_per_example" not in fields:
     defaults["flops_per_unit"] = decoder_flops_per_token
   return Family(name, config_cls, module_cls, **{**defaults, **fields})

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpcjax import data
-from lpcjax.config import (ConfigError, ParameterGroup, TrainConfig, check_parameter_group, check_scale_rules, require,
-                           require_choice)
+from lpcjax.config import (ConfigError, ModelConfig, ParameterGroup, TrainConfig, check_parameter_group,
+                           check_scale_rules, require, require_choice)
 from lpcjax.evaluation.series import SeriesEvaluator
 from lpcjax.layers.common import RMSNorm, normal_init
 from lpcjax.layers.pma import EncoderLayer, PMAConfig, PMAStack, masked_mean, num_windows, window_tokens
@@ -40,7 +40,7 @@ from .family import Family, register
 
 
 @dataclasses.dataclass(frozen=True)
-class PMTConfig:
+class PMTConfig(ModelConfig):
   """PMT encoder, its baseline and its pre-training losses.
 
   Choices where pmt-spec.md says NOT FOUND (each a field): patch 8 / stride 4 (per-dataset sizes

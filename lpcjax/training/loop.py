@@ -200,17 +200,22 @@ def start_block(config, num_params, mesh, run_dir, start, resume_command=None):
   ]
 
 
-def train(config, resume=False, progress=True, devices=None, resume_command=None):
+def train(config, resume=False, progress=True, devices=None, resume_command=None, hooks=()):
   """Train ``config`` (an ExperimentConfig); returns (run_dir, summary dict).
 
   ``resume``: False (a new run), True (continue the run's latest checkpoint) or "or_start".
   ``progress``: print the start block (``start_block``; ``resume_command(run_name)`` gives the
   command it shows to resume) and a progress bar.
+  ``hooks``: ``Hook``s of the caller's (an experiment file's ``get_hooks(config)``, a
+  benchmark), run on their cadence after the loop's own log and evaluation, on every process.
   Everything that can be checked (config, mesh, shardings, data, run directory) is checked
   before anything is written; a run directory this call created is removed again if it fails or
   is stopped before its first step. A stop request (SIGTERM/SIGINT, to any process) ends the run
   after the current step, with a checkpoint of it.
   """
+  bad = [hook for hook in hooks if not isinstance(hook, Hook)]
+  if bad:
+    raise experiment.ConfigError(f"hooks: each must be an lpcjax.training.Hook, got {type(bad[0]).__name__}")
   family = models.get(config.model.family)
   check_context_family(family, config.train.mesh_context if config.train.mesh_context > 0 else 1)
   model = family.build(config.model)
@@ -228,17 +233,21 @@ def train(config, resume=False, progress=True, devices=None, resume_command=None
       check_resumable(run_dir, config)
     if start == config.train.steps:
       return run_dir, {"step": start, "already_complete": True, "preempted": False}
-    loop = TrainingLoop(config, family, data, run_dir, stop, start or 0)
+    loop = TrainingLoop(config, family, data, run_dir, stop, start or 0, hooks)
     try:
       loop.checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
       state = initial_state(family, model, config, run_dir, start, data, loop.checkpointer, abstract, shardings,
                             optimizer, mesh, rules)
       train_fn, eval_fn = compiled_steps(family, config, shardings)
       size, clock = num_params(state.params), time.perf_counter()
-      if progress and jax.process_index() == 0:
-        print("\n".join(start_block(config, size, mesh, run_dir, start, resume_command)), flush=True)
       loop.flops_per_unit = family.flops_per_unit and family.flops_per_unit(config, state.params)
       loop.peak = peak_flops(mesh.devices.flatten(), config.train.peak_tflops)
+      if progress and jax.process_index() == 0:
+        lines = start_block(config, size, mesh, run_dir, start, resume_command)
+        if not loop.flops_per_unit:  # said once here, not on every log row
+          lines.append(f"mfu      not logged: the {family.name} family gives no FLOPs per "
+                       f"{family.throughput_unit[:-1]} (Family.flops_per_unit)")
+        print("\n".join(lines), flush=True)
       final = loop.run(state, train_fn, eval_fn, progress)
     finally:
       if loop.checkpointer is not None:
@@ -258,12 +267,17 @@ def train(config, resume=False, progress=True, devices=None, resume_command=None
 @dataclasses.dataclass(frozen=True)
 class Hook:
   """Something the loop does after a step, on its own cadence: ``action(step, state, metrics)``
-  runs after every ``every``-th step (0: never by cadence), and after the last step only if
-  ``at_last_step`` (the loop saves and evaluates the last step itself)."""
+  runs after every ``every``-th step (0: never by cadence), after the last step if
+  ``at_last_step``, and before the first step of this call, with ``metrics`` None, if
+  ``at_start``. ``state`` is the TrainState (``params``, ``mutable``, ``apply_fn``,
+  ``step``); ``metrics`` the step's {name: (sum, weight)} as device arrays. The loop's own
+  hooks (log, evaluate, checkpoint, stop) are built the same way; evaluation and the
+  checkpoint skip the last step, which the loop saves and evaluates itself."""
 
   every: int
   action: Callable
-  at_last_step: bool = False
+  at_last_step: bool = True
+  at_start: bool = False
 
   def due(self, step, total):
     if step == total:
@@ -277,8 +291,8 @@ class TrainingLoop:
   step). ``trained``: whether a step ran; ``preempted``: whether a stop request ended it before
   ``train.steps``."""
 
-  def __init__(self, config, family, data, run_dir, stop, start):
-    self.config, self.family, self.data = config, family, data
+  def __init__(self, config, family, data, run_dir, stop, start, extra_hooks=()):
+    self.config, self.family, self.data, self.extra_hooks = config, family, data, tuple(extra_hooks)
     self.run_dir, self.stop, self.start = run_dir, stop, start
     self.checkpointer, self.saved_step, self.trained, self.preempted = None, start, False, False
     self.flops_per_unit, self.peak = None, None  # for MFU: the model's FLOPs per unit, the devices' FLOP/s
@@ -293,7 +307,8 @@ class TrainingLoop:
       self.saved_step = step
 
   def hooks(self, log, eval_fn, clock):
-    """[log metrics, evaluate, checkpoint, stop on request], in the order they run."""
+    """[log metrics, evaluate, the caller's hooks, checkpoint, stop on request], in the order
+    they run."""
     cfg = self.config.train
     units_per_step = self.config.data.batch_size * self.family.units_per_example(self.config)
     rate_key = f"{self.family.throughput_unit}_per_sec"
@@ -321,8 +336,9 @@ class TrainingLoop:
         self._save(step, state)
         self.preempted = True
 
-    return [Hook(cfg.log_every, log_metrics, at_last_step=True), Hook(cfg.eval_every, evaluate),
-            Hook(cfg.checkpoint_every, lambda step, state, _: self._save(step, state)), Hook(1, stop_on_request)]
+    save = Hook(cfg.checkpoint_every, lambda step, state, _: self._save(step, state), at_last_step=False)
+    return [Hook(cfg.log_every, log_metrics), Hook(cfg.eval_every, evaluate, at_last_step=False),
+            *self.extra_hooks, save, Hook(1, stop_on_request, at_last_step=False)]
 
   def run(self, state, train_fn, eval_fn, progress):
     """Returns the final record: the step reached, and the final evaluation unless preempted."""
@@ -334,6 +350,9 @@ class TrainingLoop:
     log = MetricsLog(self.run_dir, cfg.tensorboard, start)
     with contextlib.closing(log), contextlib.closing(self.bar):
       hooks = self.hooks(log, eval_fn, time.perf_counter())
+      for hook in hooks:
+        if hook.at_start:
+          hook.action(start, state, None)
       # Asked to stop before the first step (e.g. while the state was built)?
       self.preempted = stop_agreed(self.stop)
       for step in range(start, total):

@@ -97,3 +97,40 @@ def test_a_fresh_process_evaluates_and_generates_a_family_defined_outside_the_pa
   assert generated.returncode == 0, generated.stderr
   printed = generated.stdout.split()
   assert printed[:3] == ["5", "17", "3"] and len(printed) == 6  # the prompt, echoed, and three new ids
+
+
+def test_an_experiment_files_hooks_see_the_steps_state_and_metrics(tmp_path):
+  """``get_hooks(config)`` in the experiment file: train.py runs each ``Hook`` on its cadence
+  (every 3 steps, the last step, and before the first with ``at_start``), with the step's
+  state and metrics; a non-Hook is one line."""
+  seen = tmp_path / "seen.jsonl"
+  path = tmp_path / "hooked.py"
+  path.write_text(f"""import json, sys
+sys.path.insert(0, {str(REPO / 'tests')!r})
+import jax
+import toy_family
+from lpcjax.training import Hook
+
+def get_config():
+  return toy_family.experiment({str(tmp_path / 'runs')!r})
+
+def record(step, state, metrics):
+  loss = None if metrics is None else float(metrics["loss"][0] / metrics["loss"][1])
+  with open({str(seen)!r}, "a") as f:
+    f.write(json.dumps({{"step": step, "state_step": int(state.step), "loss": loss,
+                        "leaves": len(jax.tree.leaves(state.params))}}) + "\\n")
+
+def get_hooks(config):
+  return [Hook(every=3, action=record, at_start=True)]
+""")
+  assert cli("train")(["--config", str(path), "train.run_name=hooked"]) == 0
+  rows = [json.loads(line) for line in open(seen)]
+  assert [(r["step"], r["state_step"]) for r in rows] == [(0, 0), (3, 3), (6, 6), (8, 8)]
+  assert rows[0]["loss"] is None and all(r["loss"] > 0 for r in rows[1:]) and rows[0]["leaves"] > 0
+  logged = {r["step"]: r["loss"] for r in records(tmp_path / "runs" / "hooked") if "loss" in r}
+  assert rows[1]["loss"] == pytest.approx(logged[3], rel=1e-6)
+
+  path.write_text(path.read_text().replace("return [Hook(", "return [print, Hook("))
+  with pytest.raises(C.ConfigError, match="hooks: each must be an lpcjax.training.Hook, got builtin_function"):
+    from lpcjax.training import train
+    train(C.load_experiment(str(path)), hooks=C.experiment_hooks(str(path), None))

@@ -2,7 +2,7 @@
 # Issue #37's PMT grid on its longest UCR set, EOGHorizontalSignal (about 16 hours of the 2-core
 # CPU machine; the CPU grids hold the other sets, Computers included; SETS adds any) on the GPU
 # machine: PMT, lambda_PCL = 0 and matched full attention at the 1,500-step recipe, seeds 0-2, with
-# the random init of each (--random-init-all), probed as the CPU grids (docs/pmt.md). Seed by seed,
+# the random init of each (--random-init-all), probed as the CPU grids (docs/pmt_results.md). Seed by seed,
 # each seed one driver call adding its cells to the same JSON, so a timeout keeps every whole seed;
 # the same command again on the still-warm machine continues (cells checkpoint every 100 steps
 # under runs/, which stays there between calls). On an H200 (2026-12-04) three full-attention cells

@@ -8,7 +8,7 @@ over label seeds), parameter counts, cue-retention AUC by gap, gate values and t
   python benchmarks/pmt_pretraining.py --sets ECG200 GunPoint --seeds 0 1 --steps 150
   python benchmarks/pmt_pretraining.py --validation ...   # the TRAIN files only (30 % held out)
   python benchmarks/pmt_pretraining.py --sets synthetic --variants pmt_cue pmt_cue_no_pcl full_cue \
-      --random-init-all --seeds 0 1 --probes cue         # the cue-retention claim (docs/pmt.md)
+      --random-init-all --seeds 0 1 --probes cue         # the cue-retention claim (docs/pmt_results.md)
   python benchmarks/pmt_pretraining.py --sets Wafer ECG5000 --controls-only --minirocket   # no training
 
 ``--minirocket`` adds the MiniRocket + ridge control (the ``[rocket]`` extra) to the raw-series
@@ -217,7 +217,7 @@ def print_table(table, results, fractions):
       cues = [f"{entry['cue'][g]['auc']:>8.3f} ± {entry['cue'][g]['auc_std_over_seeds']:.2f}" if g in entry["cue"]
               else f"{'—':>14}" for g in gaps]
       print(f"{row:<28}" + "".join(cells) + "".join(cues))
-    # Each pre-training seed's value: the seed overlap that docs/pmt.md's verdicts read.
+    # Each pre-training seed's value: the seed overlap that docs/pmt_results.md's verdicts read.
     listed = lambda values: " / ".join(f"{a:.3f}" if a is not None else "–" for a in values)
     for row, entry in rows.items():
       linear, f1 = ({f"{float(f):.0%}": c[key] for f, c in entry["fractions"].items()

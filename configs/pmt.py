@@ -38,7 +38,7 @@ from lpcjax.data import SeriesDataConfig, SyntheticSeriesConfig
 from lpcjax.models import PMTConfig
 from lpcjax.models.pmt import GATE_PATTERNS, PMTTrainConfig
 
-# Views and PCL (chosen on the validation splits of TRAIN files, docs/pmt.md): the spec's jitter of
+# Views and PCL (chosen on the validation splits of TRAIN files, docs/pmt_results.md, "Figures"): the spec's jitter of
 # 0.01 / 0.03 leaves the two views nearly equal, and its τ = 0.9 with 512 negatives puts PCL's floor
 # (orthogonal negatives) at log(1 + 512 e^{-1/0.9}) ≈ 5.13, where it sits from the first steps.
 VIEWS = dict(view_noise=(0.3, 0.3), view_scale=(0.1, 0.1), view_mask=(0.1, 0.1), pcl_temperature=0.2,
@@ -56,7 +56,7 @@ VARIANTS = {"": {}, "_full": {"attention": "full"}, "_full_matched": {"attention
             "_stateless": {"memory": "stateless"}, "_no_pcl": {"pcl_weight": 0.0},
             "_cue": {"window_stride_fraction": 1.0}, "_spec_views": SPEC_VIEWS}
 SIZES = ("tiny", "synthetic", "paper")
-# The synthetic recipe (docs/pmt.md, "Cue retention on generated series"): the tiny model on 2,048
+# The synthetic recipe (docs/pmt_results.md, "Cue retention on generated series"): the tiny model on 2,048
 # generated series of 128 samples (31 tokens; _cue: 5 windows of 6), batches of 32 as in the spec (ICL:
 # 62 in-batch negatives; PCL: 31 x 5 = 155 windows of other series for its 128), 200 steps (a CPU's).
 SYNTHETIC_BATCH, SYNTHETIC_STEPS = 32, 200

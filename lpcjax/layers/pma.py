@@ -427,7 +427,7 @@ def gate_openings(intermediates):
   ["pma"]``). What the gates do, where ``gate_values`` reads their biases: the write gate's
   input is never 0 (its summary is the mean of RMS-normalized rows), and its kernel, moved by
   Adam as fast per weight as the bias over 3d inputs, takes over its mean opening within a few
-  steps while the bias stays near its init (docs/pmt.md, "Gates")."""
+  steps while the bias stays near its init (docs/pmt_results.md, "Gates along a run")."""
   out = {}
   for name, block in intermediates.items():
     gates = {}

@@ -179,6 +179,26 @@ class TrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LRScaledTrainConfig(TrainConfig):
+  """``TrainConfig`` plus per-parameter learning-rate scales: the one way a family scales the
+  updates of some of its parameters (LPC-SM's controller, PMT's gates). A family whose
+  optimizer needs them uses this class, or a subclass adding its own settings, as its
+  ``Family.train_config_cls``."""
+
+  # "PATTERN=FACTOR": the updates of every parameter whose '/'-joined path (e.g.
+  # layers/controller/ratio_logit) contains PATTERN are multiplied by FACTOR (the first matching
+  # rule wins). Empty: the optimizer is exactly the shared one.
+  lr_scales: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_scale_rules(self.lr_scales, "train.lr_scales")
+
+  def lr_scale_rules(self):
+    return self.lr_scales
+
+
+@dataclasses.dataclass(frozen=True)
 class ParameterGroup:
   """Parameters whose '/'-joined path (``layers/controller/ratio_logit``) contains one of
   ``patterns``, with their own global-norm clip, Adam b2 and weight decay: a group of small

@@ -27,15 +27,16 @@
   fixed size, not every position; a parallel pass cannot leave each row of a right-padded batch
   at its own length, so their prompts are fed through the same one-token step, a row keeping
   its cache once its prompt has ended.
-* ``stop_head=p`` (LPC-SM, off by default): a row also ends when the model's stop head gives
-  p(the document ends after this token) > p; its next token is then the end token.
+* ``stop_when`` (off by default): a family's own way for a row to end besides the end token,
+  from its ``Family.stop_rule`` (LPC-SM's stop head: ``--stop-head P``); a row for which it
+  holds after a step ends there, its next token the end token.
 
 Which families decode, and why the others cannot: docs/evaluation.md (Generate). A family that cannot
 raises a one-line ``GenerationError`` with its reason (``Family.no_decoding_reason``).
 """
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -123,12 +124,19 @@ def prefill_by_steps(model, params, tokens, segment_ids, cache, lengths):
   return last, cache
 
 
-def _stopped(cache, stop_head):
-  """Rows whose stop head says the document ends after their last token."""
-  return jax.nn.sigmoid(cache["stop_logits"]) > stop_head
+class StopRule(Protocol):
+  """A family's own way for a generated row to end, beside the end token (``Family.stop_rule``)."""
+
+  def add_arguments(self, parser):
+    """Its flags of ``python -m lpcjax.generate`` (listed by ``--run RUN --help``)."""
+
+  def resolve(self, model, options, end_token):
+    """(stop_when, end_token) for ``generate``: ``stop_when(cache)`` -> bool [batch], the rows
+    that end after their last token (None: the rule is off with these ``options``), and the
+    end token such rows take (``end_token`` as given, or the family's default)."""
 
 
-def _prefill(model, init_cache, prefill, sampling, max_len, stop_head, end_token, params, tokens, segment_ids,
+def _prefill(model, init_cache, prefill, sampling, max_len, stop_when, end_token, params, tokens, segment_ids,
              lengths, key):
   cache = init_cache(model.config, tokens.shape[0], max_len)
   if prefill is None:
@@ -138,12 +146,12 @@ def _prefill(model, init_cache, prefill, sampling, max_len, stop_head, end_token
   else:
     last, cache = prefill(model, params, tokens, segment_ids, cache, lengths)
   first = sample(last, jax.random.fold_in(key, 0), sampling)
-  if stop_head is not None:
-    first = jnp.where(_stopped(cache, stop_head), end_token, first)
+  if stop_when is not None:
+    first = jnp.where(stop_when(cache), end_token, first)
   return first, cache
 
 
-def _decode(model, sampling, end_token, on_token, max_len, stop_head, params, cache, first, key, steps):
+def _decode(model, sampling, end_token, on_token, max_len, stop_when, params, cache, first, key, steps):
   batch = first.shape[0]
   out = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(first)
   done = jnp.zeros((batch,), bool) if end_token is None else first == end_token
@@ -158,8 +166,8 @@ def _decode(model, sampling, end_token, on_token, max_len, stop_head, params, ca
     step, token, cache, out, done = state
     logits, cache = model.apply(params, token[:, None], None, cache)
     token = sample(logits[:, 0], jax.random.fold_in(key, step), sampling)
-    if stop_head is not None:
-      token = jnp.where(_stopped(cache, stop_head), end_token, token)
+    if stop_when is not None:
+      token = jnp.where(stop_when(cache), end_token, token)
     if end_token is not None:
       token = jnp.where(done, end_token, token)
       done = done | (token == end_token)
@@ -203,19 +211,16 @@ def right_padded(rows, width, fill=0):
 
 
 def generate(family, model, params, prompts, *, max_new_tokens, max_len=None, sampling=GREEDY, seed=0,
-             end_token=None, segment_ids=None, on_token: Optional[Callable] = None, stop_head=None):
+             end_token=None, segment_ids=None, on_token: Optional[Callable] = None, stop_when=None):
   """Continue each prompt (a list of token ids; ``segment_ids`` the same shape, optional) by up
   to ``max_new_tokens`` tokens. ``params`` is the variables dict model.apply takes
   ({"params": ...}); ``max_len`` (default: longest prompt + max_new_tokens) sizes the cache.
-  ``stop_head`` (a probability, None: off): a row ends when the model's stop head (LPC-SM)
-  exceeds it, with ``end_token`` (default: the model's ``stop_token``) as its last token."""
+  ``stop_when`` (None: off): a hashable function of the decoding cache -> bool [batch], a
+  family's rule (``StopRule.resolve``) for the rows that end after their last token, with
+  ``end_token`` as their last token."""
   check_decodes(family)
-  if stop_head is not None:
-    if not getattr(model.config, "stop_head", False):
-      raise GenerationError(f"generate: stop_head needs a model with a stop head; the {family.name} model has none")
-    if not 0 < stop_head < 1:
-      raise GenerationError(f"generate: stop_head must be a probability in (0, 1), got {stop_head}")
-    end_token = model.config.resolved_stop_token if end_token is None else end_token
+  if stop_when is not None and end_token is None:
+    raise GenerationError("generate: stop_when needs the end_token that rows which stop take")
   lengths = [len(p) for p in prompts]
   if not prompts or min(lengths) == 0:
     raise GenerationError("generate: every prompt needs at least one token")
@@ -229,9 +234,9 @@ def generate(family, model, params, prompts, *, max_new_tokens, max_len=None, sa
   tokens = jnp.asarray(right_padded(prompts, width))
   segments = None if segment_ids is None else jnp.asarray(right_padded(segment_ids, width))
   key = jax.random.PRNGKey(seed)
-  first, cache = _prefill_jit(model, family.init_cache, family.prefill, sampling, max_len, stop_head, end_token,
+  first, cache = _prefill_jit(model, family.init_cache, family.prefill, sampling, max_len, stop_when, end_token,
                               params, tokens, segments, jnp.asarray(lengths, jnp.int32), key)
-  out, steps = _decode_jit(model, sampling, end_token, on_token, max_len, stop_head, params, cache, first, key,
+  out, steps = _decode_jit(model, sampling, end_token, on_token, max_len, stop_when, params, cache, first, key,
                            jnp.int32(max_new_tokens))
   out, steps = np.asarray(out), int(steps)
   rows = []

@@ -11,9 +11,10 @@ per second (prefill and compilation included). The tokenizer is the run's GPT-2
 tokenizer: --tokenizer-file, else the rank file the run recorded (``data.tokenizer_file``), else
 $LPCJAX_TIKTOKEN_FILE, else tiktoken's download; generation stops at <|endoftext|> unless --no-stop.
 
-Families that decode: fox, transformer, lpcsm (--stop-head P also ends a row when its stop head
-says the text ends, off by default), sith. pmt cannot: it is a time-series encoder, with no
-tokens to draw. See docs/evaluation.md (Generation).
+Families that decode: fox, transformer, lpcsm, sith. pmt cannot: it is a time-series encoder,
+with no tokens to draw. A family may add flags of its own (its ``Family.stop_rule``: lpcsm's
+--stop-head P also ends a row when its stop head says the text ends, off by default);
+``--run RUN --help`` lists them. See docs/evaluation.md (Generation).
 """
 
 import argparse
@@ -67,10 +68,11 @@ def parse_token_ids(text):
   return ids
 
 
-def parse_args(argv):
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def make_parser(add_help=True):
+  parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--run", required=True, help="a run directory (config.json + checkpoints/)")
-  prompts = parser.add_mutually_exclusive_group(required=True)
+  prompts = parser.add_mutually_exclusive_group(required=add_help)
   prompts.add_argument("--prompt", help="one prompt (text)")
   prompts.add_argument("--prompts", help="a file of prompts, one per line")
   prompts.add_argument("--token-ids", help="one prompt as comma-separated token ids")
@@ -82,17 +84,32 @@ def parse_args(argv):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   parser.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
-  parser.add_argument("--stop-head", type=float, default=None, metavar="P",
-                      help="lpcsm: also end a row when the stop head's p(text ends here) > P (default: off)")
   parser.add_argument("--no-echo", action="store_true", help="print the continuation only, not the prompt")
   parser.add_argument("--tokenizer-file", default=None,
                       help="tiktoken rank file of the GPT-2 tokenizer, instead of the run's "
                            "recorded one")
+  return parser
+
+
+def parse_args(argv):
+  """The arguments, with the flags of the run's family (``Family.stop_rule``): the run directory's
+  config is read first (a missing --run, or --help without one, is argparse's usual answer)."""
+  known, _ = make_parser(add_help=False).parse_known_args(argv)
+  parser = make_parser()
+  if known.run:
+    from lpcjax import models
+    from lpcjax.runs import read_config
+    family = models.get(read_config(known.run).model.family)
+    if family.stop_rule is not None:
+      family.stop_rule.add_arguments(parser)
   return parser.parse_args(argv)
 
 
 def main(argv=None):
-  args = parse_args(argv)
+  outcome = cli.exit_status(lambda: parse_args(argv))
+  if outcome == cli.USAGE_ERROR:  # a run directory that cannot be read
+    return outcome
+  args = outcome
   import flax.linen as nn
   import jax
 
@@ -120,6 +137,9 @@ def main(argv=None):
                else [line.rstrip("\n") for line in open(args.prompts) if line.strip()])
       prompts = [tokenizer.encode_ordinary(text) for text in texts]
     end_token = None if args.no_stop or tokenizer is None else tokenizer.eot_token
+    stop_when = None
+    if run.family.stop_rule is not None:
+      stop_when, end_token = run.family.stop_rule.resolve(run.model, args, end_token)
     vocab = run.config.model.vocab_size
     if any(not 0 <= t < vocab for p in prompts for t in p):
       raise GenerationError(f"prompt token ids must be in [0, {vocab})")
@@ -135,8 +155,7 @@ def main(argv=None):
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
                         max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
-                        on_token=printer if len(prompts) == 1 else None,
-                        stop_head=args.stop_head)
+                        on_token=printer if len(prompts) == 1 else None, stop_when=stop_when)
     return prompts, result, decode, tokenizer, stream, time.perf_counter() - clock
 
   # OSError, UnicodeDecodeError: a --prompts file that cannot be read as text

@@ -44,6 +44,9 @@ class Family:
   * ``prefill(model, params, tokens, segment_ids, cache, lengths) -> (last logits [batch,
     vocab], cache)``: how a cache that a parallel pass cannot fill takes the right-padded
     prompts (``lpcjax.decoding.prefill_by_steps``); None: ``module.apply`` with the cache.
+  * ``stop_rule``: the family's own way for a generated row to end besides the end token (a
+    ``lpcjax.decoding.StopRule``: its flags of ``python -m lpcjax.generate`` and the function of
+    the decoding cache that ends a row; LPC-SM's stop head), or None.
   * ``context_parallel``: whether the model may run with its sequence sharded over the mesh's
     "context" axis (``train.mesh_context``): every op that mixes positions is either attention
     (context-parallel) or partitioned correctly by GSPMD without gathering the sequence. A
@@ -72,6 +75,7 @@ class Family:
   init_cache: Optional[Callable] = None
   prefill: Optional[Callable] = None
   no_decoding_reason: str = "its family registers no decoding cache"
+  stop_rule: Optional[object] = None
   context_parallel: bool = False
   train_config_cls: type = TrainConfig
   upgrade_saved: Callable[[dict], dict] = lambda values: values

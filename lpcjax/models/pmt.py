@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpcjax import data
-from lpcjax.config import (ConfigError, ModelConfig, ParameterGroup, TrainConfig, check_parameter_group,
-                           check_scale_rules, require, require_choice)
+from lpcjax.config import (ConfigError, LRScaledTrainConfig, ModelConfig, ParameterGroup, check_parameter_group,
+                           require, require_choice)
 from lpcjax.evaluation.series import SeriesEvaluator
 from lpcjax.layers.common import RMSNorm, normal_init
 from lpcjax.layers.pma import EncoderLayer, PMAConfig, PMAStack, masked_mean, num_windows, window_tokens
@@ -287,12 +287,11 @@ def check_series(config):
 
 
 @dataclasses.dataclass(frozen=True)
-class PMTTrainConfig(TrainConfig):
-  """The trainer's settings plus PMT's optimizer extras (pmt-spec.md §9), each off by default."""
+class PMTTrainConfig(LRScaledTrainConfig):
+  """The trainer's settings plus PMT's optimizer extras (pmt-spec.md §9), each off by default:
+  learning-rate scales (``lr_scales``: the gates' larger learning rate, configs/pmt.py) and the
+  gates' own parameter group."""
 
-  # Per-parameter learning-rate scales, "PATTERN=FACTOR" (the first rule whose PATTERN the
-  # parameter's '/'-joined path contains wins): the gates' larger learning rate (configs/pmt.py).
-  lr_scales: tuple[str, ...] = ()
   # The gates' own parameter group: the parameters whose path contains one of these patterns
   # (``GATE_PATTERNS``) get their own global-norm clip and Adam b2, and no weight decay, so the
   # clipping of the large group never shrinks their small gradients. Empty: one group.
@@ -303,15 +302,11 @@ class PMTTrainConfig(TrainConfig):
   def __post_init__(self):
     super().__post_init__()
     check_parameter_group(self.gate_patterns, self.gate_adam_b2, self.gate_grad_clip, "gate")
-    check_scale_rules(self.lr_scales, "train.lr_scales")
 
   def parameter_groups(self):
     if not self.gate_patterns:
       return ()
     return (ParameterGroup("gate", self.gate_patterns, self.gate_adam_b2, self.gate_grad_clip),)
-
-  def lr_scale_rules(self):
-    return self.lr_scales
 
 
 register(Family("pmt", PMTConfig, PMT, loss=pmt_loss, example_inputs=series_inputs,

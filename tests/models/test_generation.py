@@ -5,6 +5,8 @@ windowed forward); greedy = repeated argmax; seeded sampling; top-k/top-p sets; 
 compilation of the decode loop; early stop, and LPC-SM's stop head; sharded caches; one-line
 errors; the CLI."""
 
+import argparse
+import dataclasses
 import functools
 
 import re
@@ -19,6 +21,7 @@ from lpcjax import models
 from lpcjax.decoding import GREEDY, GenerationError, Sampling, _decode_jit, generate, sample
 from lpcjax.evaluation import score_generated
 from lpcjax.models.decoder import init_cache
+from lpcjax.models.lpcsm import stop_on_head
 from lpcjax.sharding import DEFAULT_RULES
 
 TINY = dict(vocab_size=48, d_model=32, num_layers=2, num_heads=2, mlp_multiple_of=16)
@@ -151,8 +154,17 @@ def test_errors_are_one_line():
   with pytest.raises(GenerationError, match="pmt family cannot decode token by token: it is a time-series") as error:
     generate(pmt, None, None, [[1]], max_new_tokens=1)
   assert "init_cache" not in str(error.value)  # the user's words, not the code's
-  with pytest.raises(GenerationError, match="stop_head needs a model with a stop head"):
-    generate(family, model, params, [[1]], max_new_tokens=1, stop_head=0.5)
+  with pytest.raises(GenerationError, match="stop_when needs the end_token"):
+    generate(family, model, params, [[1]], max_new_tokens=1, stop_when=lambda cache: True)
+  # LPC-SM's stop head is its family's rule (Family.stop_rule), with its own one-line errors
+  lpcsm = models.get("lpcsm")
+  headless = lpcsm.build(models.LPCSMConfig(vocab_size=48, d_model=32, num_layers=1, num_heads=2, chunk_size=4,
+                                            mlp_multiple_of=32, memory_dim=16, stop_head=False))
+  with pytest.raises(GenerationError, match="--stop-head: needs a model with a stop head"):
+    lpcsm.stop_rule.resolve(headless, argparse.Namespace(stop_head=0.5), None)
+  assert lpcsm.stop_rule.resolve(headless, argparse.Namespace(stop_head=None), 7) == (None, 7)
+  with pytest.raises(GenerationError, match=r"--stop-head: must be a probability in \(0, 1\), got 1.5"):
+    stop_on_head(lpcsm.build(dataclasses.replace(headless.config, stop_head=True)), 1.5)
 
 
 def test_generate_command_streams_tokens(tmp_path, capsys):
@@ -181,6 +193,12 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
     assert main(["--run", str(run_dir), *prompt]) == 2
     err = capsys.readouterr().err.strip()
     assert expected in err and len(err.splitlines()) == 1
+  # --stop-head is lpcsm's flag (its Family.stop_rule), not generate's: a fox run has no such flag
+  with pytest.raises(SystemExit):
+    main(["--run", str(run_dir), "--token-ids", "1", "--stop-head", "0.5"])
+  assert "unrecognized arguments: --stop-head 0.5" in capsys.readouterr().err
+  assert main(["--run", str(tmp_path / "nowhere"), "--token-ids", "1"]) == 2
+  assert capsys.readouterr().err.strip().endswith("no config.json, not a run directory")
 
 
 @pytest.mark.parametrize("text", ["He said \u201cyes\u201d.",
@@ -253,14 +271,14 @@ def test_lpcsm_decode_steps_equal_full_forward():
 
 
 def test_lpcsm_generate_is_greedy_and_the_stop_head_can_end_it():
-  """With ``stop_head=p`` a row ends, with the stop token, at the first step whose stop
-  probability exceeds p; every token before it is the full forward's argmax. (Off by default:
-  the other generate tests run without it.)"""
+  """With the stop head's rule (``stop_on_head(model, p)``, ``--stop-head P``) a row ends, with
+  the stop token, at the first step whose stop probability exceeds p; every token before it is
+  the full forward's argmax. (Off by default: the other generate tests run without it.)"""
   family, model, params, forward = lpcsm_setup()
   prompts = [[1, 2, 3, 4, 5], [7, 8]]
   probe = np.random.default_rng(2).integers(0, 48, (2, 20)).astype(np.int32)
   threshold = float(np.quantile(jax.nn.sigmoid(forward(params, probe)[1]["stop_logits"]), 0.7))
-  result = generate(family, model, params, prompts, max_new_tokens=10, stop_head=threshold).tokens
+  result = generate(family, model, params, prompts, max_new_tokens=10, **stop_on_head(model, threshold)).tokens
   stop_token = model.config.resolved_stop_token
   padded = np.zeros((2, 20), np.int32)
   for row, (prompt, generated) in enumerate(zip(prompts, result)):
@@ -278,7 +296,8 @@ def test_lpcsm_generate_is_greedy_and_the_stop_head_can_end_it():
   assert stopped and any(len(row) < 10 for row in result)
   # the needle test's generate mode (score_generated) scores LPC-SM through the same generate
   examples = [(np.asarray(prompt + generated), 0, len(prompt)) for prompt, generated in zip(prompts, result)]
-  decode = lambda prompts, n: generate(family, model, params, prompts, max_new_tokens=n, stop_head=threshold).tokens
+  decode = lambda prompts, n: generate(family, model, params, prompts, max_new_tokens=n,
+                                       **stop_on_head(model, threshold)).tokens
   assert score_generated(decode, examples) == 1.0
 
 

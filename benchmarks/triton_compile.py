@@ -21,11 +21,10 @@ compiles the kernels when the program is compiled, which needs a GPU).
 import argparse
 import glob
 import os
-import re
 import shutil
-import subprocess
 import sys
-import tempfile
+
+import compile_report  # benchmarks/ is the script's directory
 
 # the row-term kernel runs for bf16/fp16 inputs only (the --dtypes here), see kernels/row_term.py
 KERNELS = ("forgetting_attention_fwd", "forgetting_attention_dkv", "forgetting_attention_dq",
@@ -42,14 +41,7 @@ def parse_args():
   parser.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128])
   parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
   parser.add_argument("--ptxas", help="ptxas binary (default: nvidia-cuda-nvcc-cu12's, or PATH)")
-  parser.add_argument("--pair", nargs="+", type=lambda x: x == "true", default=[False, True],
-                      help="launch variants: false (one device), true (the ring's chunk pairs)")
-  parser.add_argument("--out", help="default: results/triton_compile_sm<arch>.json")
-  args = parser.parse_args()
-  if args.out is None:
-    args.out = os.path.join(os.path.dirname(__file__), "results",
-                            f"triton_compile_sm{args.arch.replace('.', '')}.json")
-  return args
+  return compile_report.parse_args(parser, "triton_compile")
 
 
 def find_ptxas(explicit):
@@ -60,25 +52,6 @@ def find_ptxas(explicit):
     if found:
       return found[0]
   return shutil.which("ptxas")
-
-
-def ptxas_report(ptxas, ptx, arch):
-  """Registers and spill bytes from ``ptxas -v``, or {} without ptxas."""
-  if ptxas is None:
-    return {}
-  sm = "sm_" + arch.replace(".", "") + ("a" if arch == "9.0" else "")
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, "kernel.ptx")
-    with open(path, "w") as f:
-      f.write(ptx)
-    run = subprocess.run([ptxas, f"-arch={sm}", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
-                         capture_output=True, text=True, check=False)
-  if run.returncode:
-    raise RuntimeError(f"ptxas failed: {run.stderr.strip().splitlines()[-1]}")
-  number = lambda pattern: int(re.search(pattern, run.stderr).group(1))
-  return {"registers": number(r"Used (\d+) registers"),
-          "spill_store_bytes": number(r"(\d+) bytes spill stores"),
-          "spill_load_bytes": number(r"(\d+) bytes spill loads")}
 
 
 def mlir_operations(op):
@@ -144,7 +117,6 @@ def main():
   import jax
   import jax.numpy as jnp
   from jax._src.lib import triton as jaxlib_triton
-  from lpcjax.files import write_json_atomic
   from lpcjax.kernels import pallas_gpu
 
   jax.devices()  # discovers the CUDA plugin, which registers the Triton compiler
@@ -189,18 +161,16 @@ def main():
                    "num_warps": warps, "num_stages": stages, "smem_bytes": result.smem_bytes,
                    "fits_smem": (result.smem_bytes <= SMEM_LIMIT[args.arch]
                                  if args.arch in SMEM_LIMIT else None),
-                   "wgmma": "wgmma.mma_async" in result.asm, **ptxas_report(ptxas, result.asm, args.arch)}
+                   "wgmma": "wgmma.mma_async" in result.asm,
+                   **compile_report.ptxas_report(ptxas, result.asm, args.arch)}
             rows.append(row)
             spill = row.get("spill_store_bytes", "-")
             print(f"{name.rsplit('_', 1)[1]:>5} {pair!s:>5} {head_dim:>4} {dtype:>8} {row['prune']!s:>5} "
                   f"{warps:>5} {stages:>6} {result.smem_bytes / 1024:>8.1f} "
                   f"{row.get('registers', '-'):>4} {spill:>7} {row['wgmma']!s:>5}"
                   + ("  EXCEEDS SHARED MEMORY" if row["fits_smem"] is False else ""))
-  write_json_atomic(args.out, {"jax": jax.__version__, "arch": args.arch, "seq_len": args.seq_len,
-                               "ptxas": bool(ptxas), "rows": rows})
-  print(f"wrote {args.out}")
-  if any(row["fits_smem"] is False for row in rows):
-    sys.exit(1)
+  compile_report.write_report(args.out, {"jax": jax.__version__, "arch": args.arch, "seq_len": args.seq_len,
+                                         "ptxas": bool(ptxas)}, rows)
 
 
 if __name__ == "__main__":

@@ -16,16 +16,13 @@ Hopper's wgmma appears in the PTX. It measures no speed.
 
 import argparse
 import itertools
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 
-from lpcjax.files import write_json_atomic
 from lpcjax.kernels import triton_backend, triton_kernels
 from lpcjax.kernels.gpu_calls import Static
-from triton_compile import ptxas_report  # the same ptxas -v report as the Pallas kernels'
+import compile_report  # benchmarks/ is the script's directory; shared with triton_compile.py
 
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (opt-in maximum)
 POINTERS = {"C": "*fp32", "CLO": "*fp32", "CK": "*fp32", "CKLO": "*fp32", "THR": "*fp32", "LSE": "*fp32",
@@ -40,14 +37,7 @@ def parse_args():
   parser.add_argument("--seq-len", type=int, default=16384)
   parser.add_argument("--shapes", nargs="+", default=["24x64", "12x128"], help="HEADSxHEAD_DIM")
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-  parser.add_argument("--pair", nargs="+", type=lambda x: x == "true", default=[False, True],
-                      help="launch variants: false (one device), true (the ring's pairs)")
-  parser.add_argument("--out", default=None)
-  args = parser.parse_args()
-  if args.out is None:
-    args.out = os.path.join(os.path.dirname(__file__), "results",
-                            f"triton_kernels_compile_sm{args.arch}.json")
-  return args
+  return compile_report.parse_args(parser, "triton_kernels_compile")
 
 
 def ptxas_path(arch):
@@ -112,17 +102,14 @@ def main():
              "smem_bytes": compiled.metadata.shared,
              "fits_smem": compiled.metadata.shared <= SMEM_LIMIT,
              "wgmma": "wgmma.mma_async" in ptx,
-             **ptxas_report(ptxas_path(args.arch), ptx, f"{args.arch // 10}.{args.arch % 10}")}
+             **compile_report.ptxas_report(ptxas_path(args.arch), ptx, f"{args.arch // 10}.{args.arch % 10}")}
       rows.append(row)
       print(f"{name:>16} {pair!s:>5} {heads:>3} {head_dim:>4} {prune!s:>5} {window or '-'!s:>6} "
             f"{row['block_q']:>3}x{row['block_k']:<4} {warps:>5} {stages:>6} "
             f"{row['smem_bytes'] / 1024:>8.1f} {row['registers']:>4} "
             f"{row['spill_store_bytes']:>7} {row['wgmma']!s:>5}", flush=True)
-  write_json_atomic(args.out, {"triton": triton.__version__, "arch": args.arch,
-                               "seq_len": args.seq_len, "dtype": args.dtype, "rows": rows})
-  print(f"wrote {args.out}")
-  if not all(row["fits_smem"] for row in rows):
-    sys.exit(1)
+  compile_report.write_report(args.out, {"triton": triton.__version__, "arch": args.arch,
+                                         "seq_len": args.seq_len, "dtype": args.dtype}, rows)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,19 @@ def _last_kept_query_block_end(C, c_k_min, thr, lo, hi, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _kept_key_blocks(CK, c_q, thr, rel, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                     NUM_K_BLOCKS: tl.constexpr, WINDOW: tl.constexpr, PRUNE: tl.constexpr):
+  """A query block's key-block ranges, as the forward, dQ and row-term sweeps run them: those of
+  _key_blocks, less (PRUNE) the leading blocks that pruning skips; the diagonal's, [crossing,
+  end), are never pruned. c_q: the block's rows' c; CK: the columns'."""
+  first, inside, crossing, end = _key_blocks(rel, BLOCK_Q, BLOCK_K, NUM_K_BLOCKS, WINDOW)
+  if PRUNE:
+    first = _first_kept_key_block(CK, tl.max(c_q, 0), thr, first, crossing, BLOCK_K)
+    inside = tl.maximum(inside, first)
+  return first, inside, crossing, end
+
+
+@triton.jit
 def _head(b, h, SEQ: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
           PAIR: tl.constexpr):
   """The offset of head h of batch row b in a [B, SEQ, HEADS, D] array ([B, HEADS, SEQ, D] with
@@ -247,11 +260,8 @@ def forward_kernel(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, O, LSE, scale
   acc = tl.zeros((BLOCK_Q, HEAD_DIM), tl.float32)
   m = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
   l = tl.zeros((BLOCK_Q,), tl.float32)
-  first, inside, crossing, end = _key_blocks(q_off + q_local - k_off, BLOCK_Q, BLOCK_K, SEQ_K // BLOCK_K,
-                                             WINDOW)
-  if PRUNE:
-    first = _first_kept_key_block(CK, tl.max(c_q, 0), thr, first, crossing, BLOCK_K)
-    inside = tl.maximum(inside, first)
+  first, inside, crossing, end = _kept_key_blocks(CK, c_q, thr, q_off + q_local - k_off, BLOCK_Q,
+                                                  BLOCK_K, SEQ_K // BLOCK_K, WINDOW, PRUNE)
   for kb in range(first, inside):
     acc, m, l = _forward_tile(acc, m, l, q, c_q, clo_q, seg_q, pos_q, K, V, CK, CKLO, SEGK, kb * BLOCK_K,
                               k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, WINDOW, IEEE,
@@ -383,11 +393,8 @@ def _query_block_sweep(Q, K, V, C, CLO, SEG, CK, CKLO, SEGK, THR, OFF, DO, LSE, 
   seg_q, lse = tl.load(SEG + rows), tl.load(LSE + rows)
   dq = tl.zeros((BLOCK_Q, HEAD_DIM), tl.float32)
   delta = tl.zeros((BLOCK_Q,), tl.float32)
-  first, inside, crossing, end = _key_blocks(q_off + q_local - k_off, BLOCK_Q, BLOCK_K, SEQ_K // BLOCK_K,
-                                             WINDOW)
-  if PRUNE:
-    first = _first_kept_key_block(CK, tl.max(c_q, 0), thr, first, crossing, BLOCK_K)
-    inside = tl.maximum(inside, first)
+  first, inside, crossing, end = _kept_key_blocks(CK, c_q, thr, q_off + q_local - k_off, BLOCK_Q,
+                                                  BLOCK_K, SEQ_K // BLOCK_K, WINDOW, PRUNE)
   for kb in range(first, inside):
     dq, delta = _dq_tile(dq, delta, q, do, c_q, clo_q, seg_q, pos_q, lse, delta_q, K, V, CK, CKLO, SEGK,
                          kb * BLOCK_K, k_off, scale2, BLOCK_K, KV_HEADS, HEAD_DIM, False, WINDOW, ROW_TERM,

@@ -68,7 +68,7 @@ def test_visit_ranges_skip_exactly_the_tiles_the_rules_skip(window):
   # The grid's schedule: exactly the causal, in-window tiles, each outer block's in a run.
   _, _, static_lo, static_hi = pallas_tpu.key_ranges(c, None, bq, bk, window)
   steps = pallas_tpu.schedule(static_lo, static_hi)
-  outer, inner, first, last = (np.asarray(x) for x in pallas_tpu._decode(jnp.asarray(steps)))
+  outer, inner, first, last = (np.asarray(x) for x in pallas_tpu.decode_step(jnp.asarray(steps)))
   scheduled = np.zeros_like(visible)
   scheduled[outer, inner] = True
   assert len(steps) == visible.sum() and (scheduled == visible).all()

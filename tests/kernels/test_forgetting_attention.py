@@ -289,24 +289,23 @@ def test_tiles_outside_the_window_are_not_computed(impl, window):
   the dk/dv sweeps of key blocks whose last key leaves the window before it,
   k_start + 2 block + window - 2 < T, must stop short of it.
   """
-  block, seq_len = 16, 64
-  q, k, v, log_f, do = make_inputs(7, 2, seq_len, 1, 16)
+  assert outside_window_finite("reference", 7, 16, 64, window) == (False,) * 4
+  assert outside_window_finite(impl, 7, 16, 64, window) == (True,) * 4
+
+
+def outside_window_finite(impl, seed, block, seq_len, window):
+  """(o, dq, dk, dv) finite in the rows whose tiles lie outside every window of the poisoned
+  blocks (see ``test_tiles_outside_the_window_are_not_computed``), at tiles of ``block``."""
+  q, k, v, log_f, do = make_inputs(seed, 2, seq_len, 1, 16)
   k, v = (x.at[0, :block].set(jnp.nan) for x in (k, v))
   q, do = (x.at[1, -block:].set(jnp.nan) for x in (q, do))
   starts = np.arange(0, seq_len, block)
   query_rows = np.repeat(starts >= block + window - 1, block)
   key_rows = np.repeat(starts + 2 * block + window - 2 < seq_len, block)
   assert query_rows.any() and key_rows.any()
-
-  def finite(impl):  # o, dq, dk, dv: all finite in the rows whose tiles must be skipped?
-    o, (dq, dk, dv, _) = value_and_grads(impl, q, k, v, log_f, do, window=window,
-                                         block_sizes=BlockSizes(block, block))
-    rows = lambda x, b, which: bool(np.isfinite(np.asarray(x[b])[which]).all())
-    return (rows(o, 0, query_rows), rows(dq, 0, query_rows), rows(dk, 1, key_rows),
-            rows(dv, 1, key_rows))
-
-  assert finite("reference") == (False,) * 4
-  assert finite(impl) == (True,) * 4
+  o, (dq, dk, dv, _) = value_and_grads(impl, q, k, v, log_f, do, window=window, block_sizes=BlockSizes(block, block))
+  rows = lambda x, b, which: bool(np.isfinite(np.asarray(x[b])[which]).all())
+  return rows(o, 0, query_rows), rows(dq, 0, query_rows), rows(dk, 1, key_rows), rows(dv, 1, key_rows)
 
 
 def test_window_is_checked():

@@ -18,7 +18,8 @@ Sec. 3.2 and Table 3):
   is the shape that represents its checkpoints.
 
 Caches (both materialize the logits of the new tokens only, in float32; that decode-time math
-sits beside the kernels, in ``lpcjax.kernels.decode``, and the cache layouts here):
+sits beside the kernels, in ``lpcjax.kernels.decode``, and the cache layouts and updates in
+``lpcjax.layers.attention_cache``, whose names this module re-exports):
 
 * the decoding cache (``init_layer_cache``: every position up to ``max_len``), prefilled by the
   parallel pass over a prompt and then extended one token at a time (``lpcjax.decoding``);
@@ -45,13 +46,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lpcjax.kernels import decay, forgetting_attention, segment_starts, sharded_forgetting_attention
+from lpcjax.kernels import forgetting_attention, segment_starts, sharded_forgetting_attention
 from lpcjax.kernels.decode import cached_attention, window_chunk_attention
 from lpcjax.sharding import attention_mesh_axes, shift_along_sequence
 
+from .attention_cache import (CACHE_AXES, constrained, init_layer_cache, init_window_cache, is_window_cache,
+                              last_candidates, prefilled_cache)
 from .common import Projection, RMSNorm, dtype_of, normal_init
 from .forget_gate import ForgetGate, GateConfig
 from .rope import apply_rope, segment_positions
+
+__all__ = ["CACHE_AXES", "HEADS", "AttentionConfig", "ForgettingAttention", "KVShift", "cached_attention",
+           "init_layer_cache", "init_window_cache", "is_window_cache", "last_candidates", "prefilled_cache",
+           "window_chunk_attention"]
 
 HEADS = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
 
@@ -136,7 +143,21 @@ class KVShift(nn.Module):
 
 
 class ForgettingAttention(nn.Module):
-  """x [batch, seq, d_model] -> [batch, seq, d_model], configured by an ``AttentionConfig``."""
+  """x [batch, seq, d_model] -> [batch, seq, d_model], configured by an ``AttentionConfig``.
+
+  Four short paths over one projection step (``_project``: q/k/v projections, forget gate,
+  KV-shift, QK-norm, RoPE) and one output step (``_output``: output norm and gate, o_proj):
+
+  * ``_train``: the parallel pass, no cache;
+  * ``_prefill``: the parallel pass over a prompt, which fills an empty decoding cache;
+  * ``_decode``: one token per row against the decoding cache;
+  * ``_stream``: the next chunk of a stream against a window cache. It is a path of its own, not
+    part of ``_decode``: a chunk has any length (not one token), the cache has another layout
+    and rolls instead of growing, RoPE counts from the stream's position, and there is no
+    KV-shift or segment to carry; sharing ``_decode`` would bring those branches back.
+
+  The caches' layouts and updates sit in ``lpcjax.layers.attention_cache``.
+  """
 
   config: AttentionConfig
 
@@ -152,156 +173,119 @@ class ForgettingAttention(nn.Module):
 
     With a window cache (``init_window_cache``): returns (output, rolled cache); x is the next
     chunk of a stream whose first token sits at ``context["position"]`` (a scalar)."""
+    if cache is None:
+      return self._train(x, segment_ids)
+    if is_window_cache(cache):
+      return self._stream(x, segment_ids, cache, context)
+    if x.shape[1] == 1:
+      return self._decode(x, cache, context)
+    return self._prefill(x, segment_ids, cache, context)
+
+  # --------------------------------------------------------------------------- the paths
+
+  def _train(self, x, segment_ids):
+    """The parallel pass over packed documents."""
+    q, k, v, log_fgate, _ = self._project(x, lambda: segment_positions(segment_ids, x.shape[1]), segment_ids)
+    return self._output(x, self._parallel_attention(q, k, v, log_fgate, segment_ids))
+
+  def _prefill(self, x, segment_ids, cache, context):
+    """The parallel pass over a right-padded prompt; its k, v, c (and KV-shift state) fill the
+    empty decoding cache."""
+    q, k, v, log_fgate, candidates = self._project(x, lambda: segment_positions(segment_ids, x.shape[1]),
+                                                   segment_ids)
+    o = self._parallel_attention(q, k, v, log_fgate, segment_ids)
+    cache = prefilled_cache(cache, k, v, log_fgate, context)
+    if self.config.use_kv_shift:
+      cache = {**cache, **last_candidates(candidates, context["lengths"], decoding=False)}
+    return self._output(x, o), cache
+
+  def _decode(self, x, cache, context):
+    """One new token per row at position ``context["lengths"]``, over the decoding cache."""
     cfg = self.config
-    heads, kv_heads, head_dim = cfg.num_heads, cfg.kv_heads, cfg.head_dim
-    dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
-
-    def project(name, count=heads):
-      return Projection((count, head_dim), ("embed", "heads", "head_dim"), init_std=cfg.init_std,
-                        dtype=dtype, param_dtype=param_dtype, name=name)(x)
-
-    def head_norm(name, eps, shared, count=heads):
-      shape = (head_dim,) if shared else (count, head_dim)
-      axes = ("head_dim",) if shared else ("heads", "head_dim")
-      return RMSNorm(eps=eps, dtype=dtype, param_dtype=param_dtype, scale_axes=axes,
-                     scale_shape=shape, name=name)
-
-    streaming = cache is not None and is_window_cache(cache)
-    decoding = cache is not None and not streaming and x.shape[1] == 1
-    if streaming and (cfg.use_kv_shift or segment_ids is not None):
-      raise ValueError("a window cache streams one unsegmented stream without KV-shift")
-    q, k, v = project("q_proj"), project("k_proj", kv_heads), project("v_proj", kv_heads)
-    candidates = (k, v)  # KV-shift state: the unshifted projections
+    q, k, v, log_fgate, candidates = self._project(
+        x, lambda: (context["lengths"] - context["rope_start"])[:, None],
+        previous=(cache.get("k_prev"), cache.get("v_prev")))
+    o, cache = cached_attention(q, k, v, log_fgate, cache, context, cfg.window, constrain=constrained)
     if cfg.use_kv_shift:
-      shift = lambda name: KVShift(kv_heads, cfg.init_std, name=name)
-      k = shift("k_shift")(x, k, segment_ids, cache["k_prev"] if decoding else None)
-      v = shift("v_shift")(x, v, segment_ids, cache["v_prev"] if decoding else None)
+      cache = {**cache, **last_candidates(candidates, context["lengths"], decoding=True)}
+    return self._output(x, o), cache
+
+  def _stream(self, x, segment_ids, cache, context):
+    """The next chunk of one stream over the window cache; the outputs equal one parallel pass."""
+    if self.config.use_kv_shift or segment_ids is not None:
+      raise ValueError("a window cache streams one unsegmented stream without KV-shift")
+    # keys are cached after RoPE at their absolute stream positions
+    positions = lambda: context["position"] + jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
+    q, k, v, log_fgate, _ = self._project(x, positions)
+    o, cache = window_chunk_attention(q, k, v, log_fgate, cache)
+    return self._output(x, o), cache
+
+  # --------------------------------------------------------------------------- shared steps
+
+  def _project(self, x, rope_positions, segment_ids=None, previous=(None, None)):
+    """The projection step: (q, k, v, log f, candidates). q, k, v are after KV-shift (with the
+    candidates ``previous`` before the first token, None: zeros), QK-norm and RoPE at
+    ``rope_positions()`` (called only with RoPE); log f [batch, seq, heads] float32 is the forget
+    gate's; candidates are the unshifted k, v (the KV-shift state a decoding cache keeps)."""
+    cfg = self.config
+    q, k, v = self._dense(x, "q_proj"), self._dense(x, "k_proj", cfg.kv_heads), self._dense(x, "v_proj", cfg.kv_heads)
+    candidates = (k, v)
+    if cfg.use_kv_shift:
+      k = KVShift(cfg.kv_heads, cfg.init_std, name="k_shift")(x, k, segment_ids, previous[0])
+      v = KVShift(cfg.kv_heads, cfg.init_std, name="v_shift")(x, v, segment_ids, previous[1])
     if cfg.use_qk_norm:
       shared = cfg.qk_norm_shared_scale
-      q, k = head_norm("q_norm", 1e-5, shared)(q), head_norm("k_norm", 1e-5, shared, kv_heads)(k)
+      q, k = self._head_norm("q_norm", 1e-5, shared)(q), self._head_norm("k_norm", 1e-5, shared, cfg.kv_heads)(k)
     if cfg.use_rope:
-      if decoding:
-        positions = (context["lengths"] - context["rope_start"])[:, None]
-      elif streaming:  # keys are cached after RoPE at their absolute stream positions
-        positions = context["position"] + jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
-      else:
-        positions = segment_positions(segment_ids, x.shape[1])
+      positions = rope_positions()
       q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
     q, k, v = (nn.with_logical_constraint(t, HEADS) for t in (q, k, v))
-
     if cfg.gate is None:
       # No gate: log f = 0. The barrier keeps XLA from constant-folding the decay's cumulative
       # sums over a constant (seconds of compile time per step at batch 32 x 128, a quarter of
       # the Transformer's compile; measured); at run time they are a few cheap scans.
-      log_fgate = jax.lax.optimization_barrier(jnp.zeros(x.shape[:2] + (heads,), jnp.float32))
+      log_fgate = jax.lax.optimization_barrier(jnp.zeros(x.shape[:2] + (cfg.num_heads,), jnp.float32))
     else:
       log_fgate = ForgetGate(cfg.gate, name="forget_gate")(x)
-    if decoding:
-      o, cache = cached_attention(q, k, v, log_fgate, cache, context, cfg.window, constrain=_constrained)
-    elif streaming:
-      o, cache = window_chunk_attention(q, k, v, log_fgate, cache)
-    else:
-      options = dict(segment_ids=segment_ids, impl=cfg.impl, debug=cfg.debug,
-                     prune_epsilon=cfg.prune_epsilon, window=cfg.window)
-      # checkify (debug) cannot transform shard_map: debug runs leave attention to GSPMD.
-      # (the key/value heads decide: they divide the query heads, and each device holds whole groups)
-      placement = None if cfg.debug else attention_mesh_axes(x.shape[0], kv_heads)
-      if placement is None:
-        o = forgetting_attention(q, k, v, log_fgate, **options)
-      else:  # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard,
-        # and a sequence-sharded input over the ring of context_parallel.py
-        mesh, batch_axes, head_axes, context_axis = placement
-        o = sharded_forgetting_attention(q, k, v, log_fgate, mesh=mesh, batch_axes=batch_axes,
-                                         head_axes=head_axes, context_axis=context_axis, **options)
-      if cache is not None:
-        cache = prefilled_cache(cache, k, v, log_fgate, context)
-    if cache is not None and cfg.use_kv_shift:  # (never streaming: checked above)
-      cache = {**cache, **last_candidates(candidates, context["lengths"], decoding)}
+    return q, k, v, log_fgate, candidates
 
+  def _parallel_attention(self, q, k, v, log_fgate, segment_ids):
+    """The parallel kernel (``forgetting_attention``), per shard where the mesh splits it."""
+    cfg = self.config
+    options = dict(segment_ids=segment_ids, impl=cfg.impl, debug=cfg.debug,
+                   prune_epsilon=cfg.prune_epsilon, window=cfg.window)
+    # checkify (debug) cannot transform shard_map: debug runs leave attention to GSPMD.
+    # (the key/value heads decide: they divide the query heads, and each device holds whole groups)
+    placement = None if cfg.debug else attention_mesh_axes(q.shape[0], cfg.kv_heads)
+    if placement is None:
+      return forgetting_attention(q, k, v, log_fgate, **options)
+    # a pallas_call cannot be partitioned by GSPMD: run it per (batch, head) shard, and a
+    # sequence-sharded input over the ring of context_parallel.py
+    mesh, batch_axes, head_axes, context_axis = placement
+    return sharded_forgetting_attention(q, k, v, log_fgate, mesh=mesh, batch_axes=batch_axes,
+                                        head_axes=head_axes, context_axis=context_axis, **options)
+
+  def _output(self, x, o):
+    """The output step: o [batch, seq, heads, head_dim] -> o_proj(norm(o) * gate(x))."""
+    cfg = self.config
     if cfg.use_output_norm:
-      o = head_norm("o_norm", cfg.norm_eps, shared=False)(o)
+      o = self._head_norm("o_norm", cfg.norm_eps, shared=False)(o)
     if cfg.use_output_gate:
-      o = o * jax.nn.sigmoid(project("g_proj").astype(jnp.float32)).astype(o.dtype)
-    out = Projection((cfg.d_model,), ("heads", "head_dim", "embed"), in_ndim=2, init_std=cfg.init_std,
-                     dtype=dtype, param_dtype=param_dtype, name="o_proj")(o)
-    return out if cache is None else (out, cache)
+      o = o * jax.nn.sigmoid(self._dense(x, "g_proj").astype(jnp.float32)).astype(o.dtype)
+    return Projection((cfg.d_model,), ("heads", "head_dim", "embed"), in_ndim=2, init_std=cfg.init_std,
+                      dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype), name="o_proj")(o)
 
+  def _dense(self, x, name, count=None):
+    """x [batch, seq, d_model] -> [batch, seq, count (None: num_heads), head_dim]."""
+    cfg = self.config
+    return Projection((count or cfg.num_heads, cfg.head_dim), ("embed", "heads", "head_dim"),
+                      init_std=cfg.init_std, dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype),
+                      name=name)(x)
 
-# ----------------------------------------------------------------------------- cached decoding
-# A layer's cache: k, v [batch, max_len, kv_heads, head_dim] (after KV-shift, QK-norm and RoPE;
-# the key/value heads only, G times fewer than the query heads with grouped-query attention), with
-# a forget gate c [batch, max_len, heads] float32 (per query head) = cumsum of log f over the row (c_i - c_j is
-# the decay between two positions of one segment; without a gate it is 0 and not stored) with
-# its low part c_lo (c = c + c_lo exactly, lpcjax.kernels.decay: a float32 c alone would put
-# an error of ~1e-3 into every decay at |c| ~ 4e4), and
-# with KV-shift the last unshifted k, v [batch, kv_heads, head_dim]. The model's ``context`` gives
-# each row's ``lengths`` (prefill: the prompt length;
-# decoding: the new token's position), ``rope_start`` and ``segments`` [batch, max_len].
-
-CACHE_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
-
-
-def init_layer_cache(cfg, batch, max_len):
-  """An empty cache (zeros, in the compute dtype) for one ``ForgettingAttention(cfg)`` layer,
-  cfg an ``AttentionConfig``."""
-  heads, kv_heads, head_dim, dtype = cfg.num_heads, cfg.kv_heads, cfg.head_dim, dtype_of(cfg.dtype)
-  cache = {"k": jnp.zeros((batch, max_len, kv_heads, head_dim), dtype),
-           "v": jnp.zeros((batch, max_len, kv_heads, head_dim), dtype)}
-  if cfg.gate is not None:
-    cache["c"] = jnp.zeros((batch, max_len, heads), jnp.float32)
-    cache["c_lo"] = jnp.zeros((batch, max_len, heads), jnp.float32)
-  if cfg.use_kv_shift:
-    cache.update(k_prev=jnp.zeros((batch, kv_heads, head_dim), dtype),
-                 v_prev=jnp.zeros((batch, kv_heads, head_dim), dtype))
-  return cache
-
-
-def _constrained(cache):
-  return {**cache, "k": nn.with_logical_constraint(cache["k"], CACHE_AXES),
-          "v": nn.with_logical_constraint(cache["v"], CACHE_AXES)}
-
-
-def prefilled_cache(cache, k, v, log_fgate, context):
-  """The empty cache with the prompt's k, v and c at positions [0, prompt_len)."""
-  length = k.shape[1]
-  cache = {**cache, "k": cache["k"].at[:, :length].set(k.astype(cache["k"].dtype)),
-           "v": cache["v"].at[:, :length].set(v.astype(cache["v"].dtype))}
-  if "c" in cache:
-    c = decay.cumsum(log_fgate, axis=1)
-    cache["c"] = cache["c"].at[:, :length].set(c.hi)
-    cache["c_lo"] = cache["c_lo"].at[:, :length].set(c.lo)
-  return _constrained(cache)
-
-
-def last_candidates(candidates, lengths, decoding):
-  """KV-shift state after this call: the unshifted k, v of each row's last token."""
-  k, v = candidates
-  if decoding:
-    return {"k_prev": k[:, 0], "v_prev": v[:, 0]}
-  index = (lengths - 1)[:, None, None, None]
-  return {"k_prev": jnp.take_along_axis(k, index, axis=1)[:, 0], "v_prev": jnp.take_along_axis(v, index, axis=1)[:, 0]}
-
-
-# ----------------------------------------------------------------------------- streaming windows
-# A window cache: the last window − 1 keys and values of the stream (after RoPE at their
-# absolute positions), their c (cumulative log f of the stream, float32, with its low part c_lo
-# as in the decoding cache; zeros without a gate), whether each slot holds a real token yet, and
-# the stream's running c after its last token (c_last, c_last_lo).
-
-
-def init_window_cache(cfg, batch):
-  """An empty window cache of ``ForgettingAttention(cfg)`` (``cfg.window`` set) for ``batch``
-  streams."""
-  if cfg.window is None:
-    raise ValueError("a window cache needs AttentionConfig.window")
-  size, dtype = cfg.window - 1, dtype_of(cfg.dtype)
-  return {"k": jnp.zeros((batch, size, cfg.kv_heads, cfg.head_dim), dtype),
-          "v": jnp.zeros((batch, size, cfg.kv_heads, cfg.head_dim), dtype),
-          "c": jnp.zeros((batch, size, cfg.num_heads), jnp.float32),
-          "c_lo": jnp.zeros((batch, size, cfg.num_heads), jnp.float32),
-          "valid": jnp.zeros((batch, size), bool), "c_last": jnp.zeros((batch, cfg.num_heads), jnp.float32),
-          "c_last_lo": jnp.zeros((batch, cfg.num_heads), jnp.float32)}
-
-
-def is_window_cache(cache):
-  return "valid" in cache
+  def _head_norm(self, name, eps, shared, count=None):
+    """An RMSNorm over head_dim: one scale (``shared``) or one per head (count, None: num_heads)."""
+    cfg = self.config
+    shape = (cfg.head_dim,) if shared else (count or cfg.num_heads, cfg.head_dim)
+    axes = ("head_dim",) if shared else ("heads", "head_dim")
+    return RMSNorm(eps=eps, dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype), scale_axes=axes,
+                   scale_shape=shape, name=name)

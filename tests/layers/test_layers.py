@@ -189,3 +189,27 @@ def test_decoding_caches_keep_long_context_decay_exact():
     o, stream = chunk_step(q[:, at], k[:, at], v[:, at], log_f[:, at], stream)
     pieces.append(o)
   assert relative(jnp.concatenate(pieces, axis=1), want) <= 1e-4
+
+
+def test_attention_prefill_then_decode_equals_the_parallel_pass():
+  """The layer's paths share one projection and output step: a prefilled prompt and then one
+  token at a time give the parallel pass's outputs (every Pro part, grouped-query heads)."""
+  import dataclasses
+
+  from lpcjax.layers.attention import init_layer_cache, init_window_cache
+  cfg = AttentionConfig(d_model=16, num_heads=4, head_dim=4, num_kv_heads=2, gate=GateConfig(num_heads=4),
+                        use_qk_norm=True, use_output_norm=True, use_output_gate=True, use_kv_shift=True,
+                        impl="reference")
+  layer, x = ForgettingAttention(cfg), jax.random.normal(jax.random.PRNGKey(0), (2, 9, 16))
+  params = layer.init(jax.random.PRNGKey(1), x)
+  full, prompt = layer.apply(params, x), 5
+  context = lambda length: {"lengths": jnp.full((2,), length), "rope_start": jnp.zeros((2,), jnp.int32),
+                            "segments": jnp.zeros((2, 9), jnp.int32)}
+  out, cache = layer.apply(params, x[:, :prompt], cache=init_layer_cache(cfg, 2, 9), context=context(prompt))
+  pieces = [out]
+  for position in range(prompt, 9):
+    out, cache = layer.apply(params, x[:, position:position + 1], cache=cache, context=context(position))
+    pieces.append(out)
+  np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5)
+  with pytest.raises(ValueError, match="without KV-shift"):  # the window cache streams without it
+    layer.apply(params, x, cache=init_window_cache(dataclasses.replace(cfg, window=4), 2), context={"position": 0})

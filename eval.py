@@ -23,6 +23,8 @@ def _run_parser(add_help):
   runs.add_argument("--run", help="a run directory (config.json + checkpoints/)")
   runs.add_argument("--compare", nargs="+", help="several run directories, overlaid")
   parser.add_argument("--out", default=None, help="output folder (default: RUN/eval)")
+  parser.add_argument("--step", type=int, default=None,
+                      help="the checkpoint step to evaluate, of each run (default: the latest)")
   parser.add_argument("--tokenizer-file", default=None,
                       help="tiktoken rank file of the GPT-2 tokenizer, instead of the one the "
                            "run recorded (default: the run's, else $LPCJAX_TIKTOKEN_FILE, else "
@@ -56,7 +58,7 @@ def _evaluate(argv, run_dirs):
   parser = _run_parser(add_help=True)
   evaluators[0].add_arguments(parser)
   args = parser.parse_args(argv)
-  results = [evaluator.evaluate(load_run(run, tokenizer_file=args.tokenizer_file, config=config), args)
+  results = [evaluator.evaluate(load_run(run, step=args.step, tokenizer_file=args.tokenizer_file, config=config), args)
              for evaluator, run, config in zip(evaluators, run_dirs, configs)]
   if interrupts.requested():
     raise KeyboardInterrupt
@@ -70,4 +72,4 @@ def _evaluate(argv, run_dirs):
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.finish(main())

@@ -125,4 +125,4 @@ def _main(argv):
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.finish(main())

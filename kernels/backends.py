@@ -157,6 +157,19 @@ def resolve(impl, head_dim=None, dtype=None, window=None, context_parallel=False
   return backend
 
 
+def platform_problem(impl):
+  """Why backend ``impl`` cannot run compiled on this machine, in one line, or None ("auto"
+  and unknown names: None; ``unsupported`` answers for those). For the trainer's start: a
+  config may be written anywhere, but a run runs here."""
+  if impl == "auto" or impl not in _BACKENDS or _BACKENDS[impl].runs_natively():
+    return None
+  backend, here = _BACKENDS[impl], jax.default_backend()
+  why = (f"runs on {' or '.join(backend.platforms)}" if here not in backend.platforms
+         else "needs a package that is not installed here")
+  able = ", ".join(["auto", *(b.name for b in ordered_backends() if b.runs_natively())])
+  return f"impl={impl!r} {why}, and this machine is {here}; backends that run here: {able}"
+
+
 def unsupported(impl, head_dim=None, dtype=None, window=None, context_parallel=False, kv_group=None):
   """The one-line reason ``impl`` cannot run such calls (for a config check), or None. The
   platform is not checked: a config is written on one machine and run on another."""

@@ -4,6 +4,7 @@
 Standard library only, so that an entry point can use it before JAX is imported.
 """
 
+import os
 import sys
 
 from lpcjax.errors import UserError
@@ -20,3 +21,25 @@ def exit_status(run, *also):
   except (UserError, *also) as error:
     print(f"error: {error}", file=sys.stderr)
     return USAGE_ERROR
+
+
+_teardown_prints_noise = False
+
+
+def skip_teardown():
+  """Say that this process's teardown would print pages of noise after its one-line error: a
+  checkpoint restore failed on unreadable files, and the reads TensorStore had started end
+  during the interpreter's teardown, each printing a traceback that no hook can hold back
+  then. ``finish`` then ends the process at once (lpcjax.training.checkpoint calls this)."""
+  global _teardown_prints_noise
+  _teardown_prints_noise = True
+
+
+def finish(code):
+  """An entry point's end: ``sys.exit(code)``, or, after ``skip_teardown``, the same status
+  without the interpreter's teardown (output flushed first; nothing is being written then)."""
+  if _teardown_prints_noise:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  sys.exit(code)

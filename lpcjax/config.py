@@ -123,6 +123,9 @@ class TrainConfig:
   # RUN_DIR or RUN_DIR:STEP: start from that run's params (and mutable collections such as
   # batch_stats), not its optimizer state or data position: fine-tuning and staged schedules.
   init_from: Optional[str] = None
+  # With --resume: the checkpoint step to continue (None: the latest), e.g. the previous step
+  # when the latest is damaged. Later steps are set aside under RUN/set_aside/, not deleted.
+  resume_step: Optional[int] = None
   checkpoint_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
   keep_checkpoints: int = 3
   max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
@@ -153,6 +156,8 @@ class TrainConfig:
     require(self.eval_batches >= 0, "train.eval_batches", "must be >= 0 (0: all of a finite eval set)")
     require(self.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
     require(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+    require(self.resume_step is None or 0 < self.resume_step <= self.steps, "train.resume_step",
+            f"must be a checkpoint step in [1, train.steps={self.steps}], got {self.resume_step}")
     require(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
     require(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
     require(self.peak_tflops is None or self.peak_tflops > 0, "train.peak_tflops", "must be > 0 (or none)")

@@ -175,4 +175,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.finish(main())

@@ -169,14 +169,17 @@ def make_mesh(train_config, devices=None):
   known = 1
   for size in shape:
     known *= size if size != -1 else 1
+  # the field to blame: the last axis given a size of its own (the one the user set), else data
+  sized = [f"train.mesh_{axis}" for axis, size in zip(MESH_AXES, shape) if size not in (1, -1)]
+  field = sized[-1] if sized else "train.mesh_data"
   if -1 in shape:
-    field = f"train.mesh_{MESH_AXES[shape.index(-1)]}"
+    rest = f"train.mesh_{MESH_AXES[shape.index(-1)]}"
     if len(devices) % known:
-      raise ConfigError(f"{field}: the other mesh axes take {known} devices, which does not divide the "
-                        f"{len(devices)} devices found")
+      raise ConfigError(f"{field}: the mesh axes of fixed size take {known} devices, which does not divide the "
+                        f"{len(devices)} devices found ({rest}=-1 takes the rest)")
     shape[shape.index(-1)] = len(devices) // known
   if int(np.prod(shape)) != len(devices):
-    raise ConfigError(f"train.mesh_data: {' x '.join(MESH_AXES)} = {' x '.join(map(str, shape))} needs "
+    raise ConfigError(f"{field}: {' x '.join(MESH_AXES)} = {' x '.join(map(str, shape))} needs "
                       f"{int(np.prod(shape))} devices, found {len(devices)}")
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=auto, devices=devices)

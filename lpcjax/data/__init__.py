@@ -22,14 +22,14 @@ from .subsets import stratified_subset
 from .synthetic_series import SyntheticSeriesConfig, SyntheticSeriesSource, synthetic_series
 from .text import tokenize_files
 from .tokenizer import TokenizerError, load_gpt2_tokenizer
-from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource,
+from .windows import (TextDataConfig, TokenFileConfig, TokenWindowConfig, TokenWindowSource, TooShortError,
                       with_tokenizer)
 
 __all__ = ["DataError", "DataKind", "DelayedIdConfig", "FuzzyRecallConfig", "GeneratedConfig",
            "GeneratedSource", "MQARDataConfig", "MQARSource", "NoisyRecallConfig", "OverwriteConfig",
            "PaddedEvalSource", "SelectiveCopyConfig", "SeriesDataConfig", "SeriesSource", "SyntheticSeriesConfig",
-           "SyntheticSeriesSource", "TASK_KINDS",
-           "TextDataConfig", "TokenFileConfig", "TokenWindowConfig", "TokenWindowSource", "TokenizerError",
+           "SyntheticSeriesSource", "TASK_KINDS", "TextDataConfig", "TokenFileConfig", "TokenWindowConfig",
+           "TokenWindowSource", "TokenizerError", "TooShortError",
            "get", "load_gpt2_tokenizer", "load_token_file", "make_dataset", "make_iterator", "make_source",
            "mqar_example", "names", "prepare", "read_series", "register", "source_of", "stratified_subset",
            "synthetic_series", "tokenize_files", "with_tokenizer"]

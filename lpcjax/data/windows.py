@@ -115,13 +115,21 @@ def with_tokenizer(data, tokenizer_file=None, saved=False):
   return dataclasses.replace(data, tokenizer_file=rank_file)
 
 
+class TooShortError(DataError):
+  """Fewer tokens than one window needs; ``num_tokens`` says how many there are."""
+
+  def __init__(self, message, num_tokens):
+    super().__init__(message)
+    self.num_tokens = num_tokens
+
+
 class TokenWindowSource:
   def __init__(self, tokens, doc_starts, seq_len, segment_ids=False, stride=None):
     self.tokens, self.seq_len, self.segment_ids = tokens, seq_len, segment_ids
     self.stride = stride or seq_len
     self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
     if len(tokens) < seq_len + 1:
-      raise DataError(f"data: {len(tokens)} tokens is fewer than seq_len + 1 = {seq_len + 1}")
+      raise TooShortError(f"data: {len(tokens)} tokens is fewer than seq_len + 1 = {seq_len + 1}", len(tokens))
 
   def __len__(self):
     return (len(self.tokens) - self.seq_len - 1) // self.stride + 1

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lpcjax.data import (DataError, TextDataConfig, TokenFileConfig, load_gpt2_tokenizer, make_dataset,
-                         tokenize_files)
+from lpcjax.data import (DataError, TextDataConfig, TokenFileConfig, TooShortError, load_gpt2_tokenizer,
+                         make_dataset, tokenize_files)
 from lpcjax.config import switch_class
 from lpcjax.files import write_json_atomic
 from lpcjax.layers.common import num_params
@@ -192,7 +192,13 @@ class LanguageModelEvaluator:
   def _per_token(self, run, options, data_config, max_sequences, predict_fn):
     """The per-token loss curve and its summaries over the evaluation data (MQAR: recall too)."""
     seed, split = options.seed, getattr(options, "split", "eval")
-    dataset = make_dataset(data_config, seed, split, max_examples=max_sequences)
+    if max_sequences is not None and max_sequences < 1:
+      raise DataError(f"--max-sequences: must be >= 1, got {max_sequences} (leave it out to score every sequence)")
+    try:
+      dataset = make_dataset(data_config, seed, split, max_examples=max_sequences)
+    except TooShortError as error:  # the evaluation length, not the data, is what the user can change
+      raise DataError(f"{error}; the evaluation length is {data_config.seq_len} (--eval-len, default 4x the "
+                      f"training length): pass --eval-len {error.num_tokens - 1} or less, or more text") from None
     roll = not options.no_roll and data_config.is_text_stream
     batches = lambda: (dataset[i] for i in range(len(dataset)))
     totals = per_token_losses(run.model, run.params, batches(), run.mesh,

@@ -9,6 +9,7 @@ that every position sees text of the same difficulty on average.
 
 import dataclasses
 import math
+import sys
 
 import jax
 import numpy as np
@@ -74,7 +75,8 @@ def per_token_losses(model, params, batches, mesh, *, logits_fn=sequence_logits,
 
   rng = None if roll_seed is None else np.random.default_rng(roll_seed)
   totals, sequence_means, bin_sums, bin_counts = None, [], [], []
-  for batch in tqdm(batches, desc="per-token loss", total=total, disable=not progress):
+  # no bar where stderr is a file: it would be a line per batch
+  for batch in tqdm(batches, desc="per-token loss", total=total, disable=not (progress and sys.stderr.isatty())):
     if rng is not None:
       batch = roll_batch(batch, rng)
     placed = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}

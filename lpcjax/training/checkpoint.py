@@ -8,13 +8,19 @@ Orbax writes into a temporary directory and renames it when complete, and refuse
 step that exists, so a failed or interrupted run never replaces a good checkpoint.
 """
 
+import asyncio
+import json
+import logging
 import os
 import re
+import sys
 
 import grain
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+
+from lpcjax import cli
 
 
 def checkpoint_dir(run_dir):
@@ -59,6 +65,96 @@ class TreeMismatchError(ValueError):
 
 class IncompleteCheckpointError(ValueError):
   """A checkpoint step without an item a restore needs (a partial copy); one line."""
+
+
+class DamagedCheckpointError(ValueError):
+  """A checkpoint step whose files cannot be read: deleted, truncated or without its metadata.
+  The message is one line, naming the step and what could not be read."""
+
+
+# What TensorStore and Orbax say when a step's files are missing, cut short or corrupt.
+_DAMAGE = re.compile(r"Error reading|Error opening|OCDBT|NOT_FOUND|DATA_LOSS|Truncated|corrupt|No such file|"
+                     r"Unable to open|Failed to decode|unexpected end")
+
+
+def _damage(error):
+  """A short account of a restore that failed on unreadable files, or None for another error.
+  The cause chain is searched for TensorStore's own line (``Error reading "params.x/0.0" in
+  OCDBT database at ...: Truncated Zstd-compressed stream; ...``): the array and the reason."""
+  seen = []
+  while error is not None and error not in seen:
+    seen.append(error)
+    error = error.__cause__ or error.__context__
+  for cause in seen:
+    text = str(cause)
+    reading = re.search(r'Error reading "([^"/]+)[^"]*"[^:]*: ([^;\n]+)', text)
+    if reading:
+      return f"cannot read {reading[1]} ({reading[2].strip()})"
+    if isinstance(cause, json.JSONDecodeError):  # the tree's metadata (_METADATA) cut short or garbled
+      return f"its metadata is not valid JSON ({cause})"
+    if isinstance(cause, FileNotFoundError):
+      return f"a file is missing ({cause.filename or cause})"
+    if _DAMAGE.search(text):
+      return f"{type(cause).__name__}: {text.splitlines()[0][:160]}"
+  return None
+
+
+class _ClosedLoopGuard:
+  """While a restore runs (and for good once one failed), a TensorStore read that ends after
+  Orbax closed its event loop calls ``loop.call_soon_threadsafe`` on the closed loop; its
+  RuntimeError is printed as a traceback from TensorStore's threads, around the one-line error.
+  Such a call is dropped instead: nobody waits for that read any more."""
+
+  original = asyncio.BaseEventLoop.call_soon_threadsafe
+  kept = False  # a restore failed: the guard stays
+
+  @staticmethod
+  def call_soon_threadsafe(loop, *args, original=original, **kwargs):
+    if loop.is_closed():
+      return None
+    return original(loop, *args, **kwargs)
+
+  @classmethod
+  def install(cls):
+    asyncio.BaseEventLoop.call_soon_threadsafe = cls.call_soon_threadsafe
+
+  @classmethod
+  def remove(cls):
+    if not cls.kept:
+      asyncio.BaseEventLoop.call_soon_threadsafe = cls.original
+
+
+def _quiet_failed_reads():
+  """After a restore failed on unreadable files, the reads it had started still end, later and
+  on other threads, each with a page of traceback: keep the closed-loop guard, drop Orbax's read
+  coroutines collected with their exception ('Exception ignored in ...') and asyncio's records
+  of them, for the rest of the process, and have the entry points skip the interpreter's
+  teardown, where the last of them are freed and no hook can hold them back."""
+  if _ClosedLoopGuard.kept:
+    return
+  _ClosedLoopGuard.kept = True
+  original_hook = sys.unraisablehook
+
+  # The names are bound here: the hook may run while the interpreter exits, after module
+  # globals are gone, and a failing hook would print the very traceback it is to drop.
+  def unraisable_hook(unraisable, reads=_ORBAX_READS, original=original_hook):
+    if not str(getattr(unraisable.object, "__qualname__", "")).startswith(reads):
+      original(unraisable)
+
+  sys.unraisablehook = unraisable_hook
+  logging.getLogger("asyncio").addFilter(_FailedReadFilter())
+  cli.skip_teardown()
+
+
+_ORBAX_READS = ("_read_array_index",)  # the coroutines Orbax's restore runs per array shard
+
+
+class _FailedReadFilter(logging.Filter):
+  """Drops asyncio's 'exception was never retrieved' records of Orbax's failed reads."""
+
+  def filter(self, record, reads=_ORBAX_READS):
+    text = record.getMessage() + str(record.exc_info[1] if record.exc_info else "")
+    return not ("never retrieved" in text and ("reading array index" in text or reads[0] in text))
 
 
 def _key_name(key):
@@ -145,7 +241,8 @@ class Checkpointer:
     items = {"state": ocp.args.StandardRestore(_saved_fields(target))}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-    return target.replace(**self.manager.restore(step, args=ocp.args.Composite(**items))["state"])
+    restored = self._read(step, lambda: self.manager.restore(step, args=ocp.args.Composite(**items)))
+    return target.replace(**restored["state"])
 
   def restore_variables(self, params, mutable, shardings, step=None):
     """(params, mutable collections) of checkpoint ``step`` (default: the latest) into
@@ -162,14 +259,53 @@ class Checkpointer:
     restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
                                      partial_restore=True)
     with ocp.PyTreeCheckpointer() as reader:
-      restored = reader.restore(epath.Path(self.manager.directory) / str(step) / "state", args=restore)
+      restored = self._read(step, lambda: reader.restore(epath.Path(self.manager.directory) / str(step) / "state",
+                                                         args=restore))
     return restored["params"], restored.get("mutable", {})
+
+  def _read(self, step, read):
+    """``read()``, with a DamagedCheckpointError for files that cannot be read; any other
+    error (a tree that differs from the model's: ``tree_mismatch``) as it is."""
+    _ClosedLoopGuard.install()
+    try:
+      return read()
+    except (TreeMismatchError, IncompleteCheckpointError):
+      raise
+    except Exception as error:  # noqa: BLE001  TensorStore raises bare Exceptions
+      detail = _damage(error)
+      if detail is None:
+        raise
+      _quiet_failed_reads()  # at once: the reads still running end any moment
+    finally:
+      _ClosedLoopGuard.remove()
+    raise DamagedCheckpointError(f"checkpoint step {step} is damaged: {detail}")
+
+  def looks_whole(self, step, names=("state",)):
+    """Whether step ``step`` has every file a restore of the items ``names`` opens first (its
+    metadata, the OCDBT manifests) and no empty data file: a check of the files' presence,
+    not of their contents, which only a read can tell."""
+    try:
+      self._check_items(step, names)
+    except (IncompleteCheckpointError, DamagedCheckpointError):
+      return False
+    folder = epath.Path(self.manager.directory) / str(step) / "state"
+    data_files = [path for pattern in ("d/*", "ocdbt.process_*/d/*") for path in folder.glob(pattern)]
+    return all(path.stat().length > 0 for path in data_files)
 
   def _check_items(self, step, names):
     """IncompleteCheckpointError for a step folder that lacks one of the items ``names``
-    (Orbax's own error is a page-long KeyError traceback)."""
+    (Orbax's own error is a page-long KeyError traceback); DamagedCheckpointError for a state
+    without the metadata a restore reads first (without ``_METADATA`` Orbax guesses the tree:
+    lists for tuples, a page-long structure error)."""
     folder = epath.Path(self.manager.directory) / str(step)
     for name in names:
+      if name == "state" and (folder / name).is_dir():
+        shards = list((folder / name).glob("ocdbt.process_*"))  # an OCDBT store: a manifest for each
+        needed = ("_METADATA", "manifest.ocdbt") if shards else ("_METADATA",)
+        missing = [file for file in needed if not (folder / name / file).exists()]
+        missing += [f"{shard.name}/manifest.ocdbt" for shard in shards if not (shard / "manifest.ocdbt").exists()]
+        if missing:
+          raise DamagedCheckpointError(f"checkpoint step {step} is damaged: its state has no {missing[0]}")
       if not (folder / name).is_dir():
         # a converted checkpoint (lpcjax.convert) is whole without a data position
         converted = ("a run converted by lpcjax.convert has none and cannot be resumed (start a new run from "

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import os
 import shutil
+import sys
 import time
 from typing import Callable
 
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 from lpcjax import experiment, models
 from lpcjax.data import make_dataset, make_iterator
 from lpcjax.files import write_json_atomic
+from lpcjax.kernels import platform_problem
 from lpcjax.sharding import check_divisible, context_ways, make_mesh, rules_from_config
 
 from .checkpoint import Checkpointer
@@ -216,6 +218,10 @@ def train(config, resume=False, progress=True, devices=None, resume_command=None
   bad = [hook for hook in hooks if not isinstance(hook, Hook)]
   if bad:
     raise experiment.ConfigError(f"hooks: each must be an lpcjax.training.Hook, got {type(bad[0]).__name__}")
+  impl = getattr(config.model, "attention_impl", None)
+  problem = impl and platform_problem(impl)  # the config check could not know where it would run
+  if problem:
+    raise experiment.ConfigError(f"model.attention_impl: {problem}")
   family = models.get(config.model.family)
   check_context_family(family, config.train.mesh_context if config.train.mesh_context > 0 else 1)
   model = family.build(config.model)
@@ -295,6 +301,7 @@ class TrainingLoop:
     self.config, self.family, self.data, self.extra_hooks = config, family, data, tuple(extra_hooks)
     self.run_dir, self.stop, self.start = run_dir, stop, start
     self.checkpointer, self.saved_step, self.trained, self.preempted = None, start, False, False
+    self.plain_progress = False  # set by run(): progress as plain lines, stderr not being a terminal
     self.flops_per_unit, self.peak = None, None  # for MFU: the model's FLOPs per unit, the devices' FLOP/s
 
   def _stop_for_nonfinite(self):  # returns the latest checkpoint step, which stays the latest
@@ -327,6 +334,9 @@ class TrainingLoop:
         record["mfu"] = utilisation
       log.write(record)
       self.bar.set_postfix({"loss": f"{record['loss']:.3f}", rate_key: f"{record[rate_key]:.0f}"})
+      if self.plain_progress:
+        print(f"{self.config.name} step {step}/{self.config.train.steps}: loss {record['loss']:.4g}, "
+              f"{record[rate_key]:.0f} {rate_key.replace('_per_sec', '/s')}", file=sys.stderr, flush=True)
 
     def evaluate(step, state, metrics):
       log.write({"step": step, **self.data.evaluate(state, eval_fn)})
@@ -345,8 +355,12 @@ class TrainingLoop:
     cfg, data, start, total = self.config.train, self.data, self.start, self.config.train.steps
     guard = NonfiniteGuard(cfg.max_nonfinite_steps, self._stop_for_nonfinite)
     # Updated after each step (iterating the bar counted a step when the next began, so it ended at N-1/N)
-    self.bar = tqdm(initial=start, total=total, desc=self.config.name,
-                    disable=not (progress and jax.process_index() == 0), dynamic_ncols=True)
+    shown = progress and jax.process_index() == 0
+    # A bar redraws in place on a terminal; written to a file it would be a line per step, so
+    # there the log rows print one plain line each instead (``log_metrics``).
+    self.plain_progress = shown and not sys.stderr.isatty()
+    self.bar = tqdm(initial=start, total=total, desc=self.config.name, disable=not shown or self.plain_progress,
+                    dynamic_ncols=True)
     log = MetricsLog(self.run_dir, cfg.tensorboard, start)
     with contextlib.closing(log), contextlib.closing(self.bar):
       hooks = self.hooks(log, eval_fn, time.perf_counter())

@@ -8,6 +8,9 @@ one floor up, in ``lpcjax.runs``.
 
 import json
 import os
+import re
+import shutil
+import sys
 import time
 
 import jax
@@ -17,8 +20,8 @@ from lpcjax.config import ConfigError
 from lpcjax.errors import UserError
 from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
 
-from .checkpoint import (Checkpointer, IncompleteCheckpointError, TreeMismatchError, has_checkpoint,
-                         latest_checkpoint_step, tree_mismatch)
+from .checkpoint import (Checkpointer, DamagedCheckpointError, IncompleteCheckpointError, TreeMismatchError,
+                         has_checkpoint, latest_checkpoint_step, tree_mismatch)
 from .steps import make_optimizer, state_shardings, variable_shardings
 
 
@@ -90,11 +93,26 @@ def restore_checked(checkpointer, run_dir, *args, variables_only=False, **kwargs
     return restore(*args, **kwargs)
   except (TreeMismatchError, IncompleteCheckpointError) as error:
     raise RunError(f"{run_dir}: {error}") from None
+  except DamagedCheckpointError as error:
+    raise RunError(f"{run_dir}: {error}; no file was changed. {earlier_step_advice(checkpointer, error)}") from None
   except ValueError as error:
     mismatch = tree_mismatch(error)
     if mismatch is None:
       raise
     raise RunError(f"{run_dir}: {mismatch}") from None
+
+
+def earlier_step_advice(checkpointer, error):
+  """What to do about a damaged step (named in ``error``'s message): the latest earlier step
+  whose files look whole (``Checkpointer.looks_whole``), and how each command takes it."""
+  damaged = int(re.search(r"checkpoint step (\d+)", str(error))[1])
+  earlier = [step for step in reversed(checkpointer.all_steps()) if step < damaged]
+  whole = next((step for step in earlier if checkpointer.looks_whole(step)), None)
+  if whole is None:
+    return (f"No earlier step looks whole ({len(earlier)} earlier); copy step {damaged} again from a backup "
+            "or start a new run (train.init_from=RUN:STEP takes the weights of another run's step)")
+  return (f"The previous step whose files look whole is {whole}: evaluate or generate from it with --step {whole}, "
+          f"resume from it with --resume train.resume_step={whole}, or copy step {damaged} again from a backup")
 
 
 def parse_run_spec(spec):
@@ -132,6 +150,8 @@ def open_run_directory(config, resume):
   """(run_dir, latest checkpoint step or None, whether this call created the folder), after
   checking what ``resume`` asks of it: False, a new run (a folder with checkpoints is an error);
   True, continue its latest checkpoint (none is an error); "or_start", continue or start."""
+  if config.train.resume_step is not None and not resume:
+    raise ConfigError("train.resume_step: continues a run from one of its checkpoints; pass --resume")
   if resume and not config.train.run_name:
     runs = sorted(name for name in os.listdir(config.train.run_dir) if has_checkpoint(
         os.path.join(config.train.run_dir, name))) if os.path.isdir(config.train.run_dir) else []
@@ -148,12 +168,38 @@ def open_run_directory(config, resume):
   if latest is None and resume is True:
     raise RunError(f"{run_dir}: no checkpoint to resume; start it without --resume "
                    "(--resume-or-start does either)")
+  if config.train.resume_step is not None:
+    latest = _resume_from(run_dir, config.train.resume_step)
   if latest is not None and latest > config.train.steps:
     raise ConfigError(f"train.steps: {run_dir} is already at step {latest}, past "
                                  f"train.steps={config.train.steps}; set train.steps above {latest} to train on")
   created = not os.path.isdir(run_dir)
   os.makedirs(run_dir, exist_ok=True)
   return run_dir, latest, created
+
+
+def _resume_from(run_dir, step):
+  """``train.resume_step``: continue checkpoint ``step`` rather than the latest (a damaged one).
+  The steps after it move to RUN/checkpoints_set_aside/ (kept, never deleted), since the resumed
+  run saves those steps again and Orbax never writes over a step."""
+  folder = os.path.join(run_dir, "checkpoints")
+  steps = sorted(int(name) for name in os.listdir(folder) if name.isdigit()) if os.path.isdir(folder) else []
+  if step not in steps:
+    raise ConfigError(f"train.resume_step: {run_dir} has no checkpoint at step {step}; it has "
+                      f"{', '.join(map(str, steps)) or 'none'}")
+  later = [s for s in steps if s > step]
+  if later and jax.process_index() == 0:
+    aside = os.path.join(run_dir, "checkpoints_set_aside")
+    os.makedirs(aside, exist_ok=True)
+    for s in later:
+      target = os.path.join(aside, str(s))
+      if os.path.exists(target):
+        raise ConfigError(f"train.resume_step: {target} exists already; move it away to set step {s} aside")
+    for s in later:
+      shutil.move(os.path.join(folder, str(s)), os.path.join(aside, str(s)))
+    print(f"note: train.resume_step={step}: later steps {', '.join(map(str, later))} moved to {aside} "
+          "(kept; the run saves those steps again)", file=sys.stderr)
+  return step
 
 
 def check_resumable(run_dir, config):

@@ -350,6 +350,13 @@ def test_eval_reads_every_sequence_by_default(tmp_path, gpt2_rank_file):
   assert result["num_sequences"] == 10 and len(result["per_sequence_loss"]) == 10
   assert result["num_tokens"] == 10 * 64 and result["per_token_count"] == [10.0] * 64
   assert result["band"]["sequences"] == [10]
+  # too little text for the default evaluation length (4 x 16 + 1 tokens): the line names --eval-len
+  short = write_token_file(tmp_path / "short", 40, seed=2, tokenizer_sha256=sha)
+  with pytest.raises(DataError, match=r"fewer than seq_len \+ 1 = 65; the evaluation length is 64 \(--eval-len, "
+                                      r"default 4x the training length\): pass --eval-len 39 or less"):
+    evaluate_run(run_dir, tokens=short, progress=False)
+  with pytest.raises(DataError, match=r"--max-sequences: must be >= 1, got 0 \(leave it out to score every"):
+    evaluate_run(run_dir, tokens=held_out, eval_len=64, max_sequences=0, progress=False)
 
 
 def test_needle_plot_of_one_length_keeps_its_title(tmp_path):

@@ -292,12 +292,30 @@ def test_resume_semantics_never_lose_or_relabel_a_checkpoint(tmp_path):
   assert steps == list(range(1, 9))
 
 
+@pytest.mark.parametrize("impl,platform", [("pallas_tpu", "tpu"), ("pallas", "gpu"), ("triton", "gpu")])
+def test_a_backend_that_cannot_run_here_is_one_line_before_anything_is_written(impl, platform, tmp_path, capsys):
+  """The config check cannot know where a run will run; train() asks the backend table first."""
+  if jax.default_backend() == platform:
+    pytest.skip(f"{impl} runs here")
+  code = cli("train")(tiny_arguments(tmp_path, f"model.attention_impl={impl}", "model.head_dim=16", name="x"))
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and err == [f"error: model.attention_impl: impl={impl!r} runs on {platform}, and this machine is "
+                               f"{jax.default_backend()}; backends that run here: auto, xla, reference"]
+  assert not os.path.exists(tmp_path / "x")
+
+
 def test_mesh_errors_are_one_line_and_write_nothing(tmp_path):
   result = subprocess.run([sys.executable, str(REPO / "train.py"), "train.mesh_data=3", f"train.run_dir={tmp_path}"],
                           capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "XLA_FLAGS": ""})
   assert result.returncode == 2
   assert result.stderr.strip() == ("error: train.mesh_data: data x fsdp x context x tensor = 3 x 1 x 1 x 1 needs 3 "
                                    "devices, found 1")
+  from lpcjax.sharding import make_mesh  # the field the user set is named, not train.mesh_data=-1
+  count = len(jax.devices())
+  with pytest.raises(C.ConfigError, match=rf"^train.mesh_tensor: the mesh axes of fixed size take 3 devices, which "
+                                          rf"does not divide the {count} devices found \(train.mesh_data=-1 takes "
+                                          r"the rest\)$"):
+    make_mesh(C.TrainConfig(mesh_tensor=3))
   if len(jax.devices()) >= 8:
     cfg = tiny_experiment(tmp_path, "train.mesh_tensor=8", "train.mesh_data=1", name="t")  # 4 heads
     with pytest.raises(C.ConfigError, match=r"train.mesh_tensor: 8-way sharding over tensor does not divide "

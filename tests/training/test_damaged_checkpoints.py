@@ -1,0 +1,147 @@
+"""A damaged or incomplete checkpoint step is one line in each of the three commands (eval.py,
+``python -m lpcjax.generate``, ``train.py --resume``): what is wrong, which step, what to do
+(the previous step whose files look whole, and the flag that takes it); exit 2; no file of the
+run changed. ``train.resume_step`` then continues that earlier step, with the damaged one set
+aside, never deleted and never silently replaced by a run from scratch.
+
+Each case damages one part of a real Orbax step of a run trained by train.py (checkpoints at
+steps 2 and 4): its data files deleted or cut short, the state's ``_METADATA`` deleted or garbled
+(the tree a restore reads first), and a half-written step."""
+
+import hashlib
+import os
+import shutil
+
+import pytest
+
+from conftest import cli, tiny_arguments
+
+STEPS = ["train.steps=4", "train.checkpoint_every=2", "train.warmup_steps=1", "train.eval_batches=1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A run with checkpoints at steps 2 and 4, trained once for the module."""
+  folder = tmp_path_factory.mktemp("damaged")
+  assert cli("train")(tiny_arguments(folder, *STEPS, name="run")) == 0
+  return folder
+
+
+def digest(folder):
+  """{relative path: sha256} of every file under ``folder``."""
+  out = {}
+  for root, _, files in os.walk(folder):
+    for name in files:
+      path = os.path.join(root, name)
+      out[os.path.relpath(path, folder)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+  return out
+
+
+def data_files(step_dir):
+  """The state's array files (OCDBT data), largest first."""
+  files = [os.path.join(root, name) for root, _, names in os.walk(step_dir / "state")
+           for name in names if os.path.basename(root) == "d"]
+  return sorted(files, key=os.path.getsize, reverse=True)
+
+
+def delete_the_data_files(step_dir):
+  for path in data_files(step_dir):
+    os.remove(path)
+
+
+def truncate_the_data_files(step_dir):
+  for path in data_files(step_dir):
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) // 2)
+
+
+def delete_the_metadata(step_dir):
+  os.remove(step_dir / "state" / "_METADATA")
+
+
+def garble_the_params_tree(step_dir):
+  path = step_dir / "state" / "_METADATA"
+  text = path.read_text()
+  path.write_text(text[:len(text) // 2])
+
+
+# (Which OCDBT file holds which array is Orbax's business: every data file is damaged, so that
+# the parameters, which evaluation reads, are too.)
+DAMAGES = {"data files deleted": (delete_the_data_files, "cannot read"),
+           "data files cut short": (truncate_the_data_files, "cannot read"),
+           "_METADATA deleted": (delete_the_metadata, "its state has no _METADATA"),
+           "the params tree garbled": (garble_the_params_tree, "damaged")}
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+  """A fresh copy of the trained run, to damage."""
+  shutil.copytree(trained / "run", tmp_path / "run")
+  return tmp_path / "run"
+
+
+def one_line_refusal(capsys, code, *must):
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(err) == 1, err
+  for text in must:
+    assert text in err[0], err[0]
+  return err[0]
+
+
+def generate(run_dir, *extra):
+  from lpcjax.generate import main
+  return main(["--run", str(run_dir), "--token-ids", "1,2,3", "--max-new-tokens", "2", *extra])
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_step_is_one_line_in_eval_and_generate_and_nothing_changes(damage, run, capsys):
+  damage_fn, what = DAMAGES[damage]
+  damage_fn(run / "checkpoints" / "4")
+  before = digest(run)
+  capsys.readouterr()
+  advice = ("step 4", what, "--step 2", "train.resume_step=2", "no file was changed")
+  line = one_line_refusal(capsys, cli("eval")(["--run", str(run), "--out", str(run.parent / "eval")]), *advice)
+  assert line.startswith(f"error: {run}: checkpoint step 4 is damaged")
+  one_line_refusal(capsys, generate(run), *advice)
+  assert digest(run) == before and not (run.parent / "eval").exists()
+  # the step offered works
+  assert generate(run, "--step", "2") == 0
+
+
+@pytest.mark.parametrize("damage", ["data files cut short", "_METADATA deleted"])
+def test_resume_refuses_a_damaged_latest_step_then_continues_the_previous_one(damage, run, capsys):
+  DAMAGES[damage][0](run / "checkpoints" / "4")
+  before = digest(run)
+  capsys.readouterr()
+  train = cli("train")
+  resume = [*tiny_arguments(run.parent, *STEPS, "train.steps=6", name="run"), "--resume"]
+  one_line_refusal(capsys, train(resume), "step 4", "train.resume_step=2")
+  assert digest(run) == before  # not trained from scratch, nothing written or deleted
+
+  assert train([*resume, "train.resume_step=2"]) == 0
+  err = capsys.readouterr().err
+  assert f"later steps 4 moved to {run / 'checkpoints_set_aside'}" in err
+  assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6"]  # 4 and 6 saved again
+  kept = run / "checkpoints_set_aside" / "4"
+  assert digest(kept) == {path[len("checkpoints/4/"):]: value for path, value in before.items()
+                          if path.startswith("checkpoints/4/")}
+
+
+def test_a_half_written_step_is_one_line_and_the_whole_one_is_offered(run, capsys):
+  """A copy cut off in the middle: step 6 has its state's folder but none of its metadata."""
+  half = run / "checkpoints" / "6"
+  shutil.copytree(run / "checkpoints" / "4" / "state" / "d", half / "state" / "d")
+  before = digest(run)
+  capsys.readouterr()
+  one_line_refusal(capsys, cli("eval")(["--run", str(run)]), "step 6", "--step 4")
+  one_line_refusal(capsys, generate(run), "step 6", "--step 4")
+  assert digest(run) == before
+
+
+def test_resume_step_needs_resume_and_an_existing_step(run, capsys):
+  train = cli("train")
+  base = tiny_arguments(run.parent, *STEPS, "train.steps=6", name="run")
+  one_line_refusal(capsys, train([*base, "train.resume_step=2"]),
+                   "train.resume_step: continues a run from one of its checkpoints; pass --resume")
+  one_line_refusal(capsys, train([*base, "train.resume_step=3", "--resume"]),
+                   "train.resume_step:", "has no checkpoint at step 3; it has 2, 4")

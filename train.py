@@ -1,128 +1,13 @@
-"""Train a model of the zoo.
+"""Train a model of the zoo: the checkout's entry point, the same command as the installed
+``lpcjax-train`` (the logic is in ``lpcjax.commands.train``; ``--help`` describes it).
 
-  python train.py                                   # tiny FoX on MQAR (CPU, a few minutes)
-  python train.py --config configs/fox_tiny_text.py data.train_files=book.txt
-  python train.py --config paper:fox_125m data.kind=tokens data.train_tokens=data/train
-  python train.py --config ... train.run_name=NAME --resume     # continue NAME's latest checkpoint
-  python train.py --config ... train.init_from=runs/A[:STEP]   # a new run from run A's weights
-  python train.py --config fox_tiny_text --tokenizer-file gpt2.tiktoken data.train_files=book.txt
-  python train.py --list-configs                    # the experiment files in configs/
-
-Any config field can be overridden as section.field=value (see lpcjax/config.py). The GPT-2
-tokenizer comes from --tokenizer-file (= data.tokenizer_file), else $LPCJAX_TIKTOKEN_FILE, else
-(token files) the rank file the token file was prepared with, else tiktoken's download; the run
-records the file in its config.json, so eval.py and generate find it offline. Several
-processes (multi-host): set LPCJAX_DISTRIBUTED=1 (or run under a launcher that sets up
-jax.distributed's environment) and start the same command on every host.
-
-Exit status: 0 when the run reached train.steps (or already had: nothing to train); 2 for bad
-input (one line on stderr, nothing written); 130 when SIGINT/SIGTERM stopped it before
-train.steps (a checkpoint of the last step is kept; the last line prints the command that
-continues it: the same arguments with train.run_name=NAME --resume).
+  python train.py                   # tiny FoX on MQAR (CPU, a few minutes)
+  python train.py --list-configs    # the named experiments
 """
 
-import argparse
-import dataclasses
-import json
-import os
-import shlex
-import sys
+from lpcjax.commands.train import main, run  # standard library only: JAX is imported later, inside main
 
-from lpcjax import cli, interrupts  # standard library only: JAX is imported later, inside main
-
-DEFAULT_CONFIG = "fox_tiny_mqar"
-EXIT_STOPPED = 130  # stopped by SIGINT/SIGTERM before train.steps (also: before training started)
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-
-
-def resume_command(argv, run_name):
-  """The command that continues run ``run_name``: this call's arguments ``argv`` without its
-  resume flag and run name, then ``train.run_name=NAME --resume`` (a run named by its start
-  time can only be resumed by that name)."""
-  kept = [arg for arg in argv if arg not in ("--resume", "--resume-or-start") and not arg.startswith("train.run_name=")]
-  script = os.path.relpath(__file__)
-  script = os.path.abspath(__file__) if script.startswith("..") else script
-  return shlex.join(["python", script, *kept, f"train.run_name={run_name}", "--resume"])
-
-
-def _train(args, argv):
-  """(run_dir, summary), or (None, None) after --print-config."""
-  if os.environ.get("LPCJAX_DISTRIBUTED") == "1":
-    import jax
-    jax.distributed.initialize()  # coordinator, process count and id from the environment
-
-  from lpcjax import experiment
-  if args.list_configs:
-    for name, description in experiment.config_names(CONFIG_DIR).items():
-      print(f"{name:<16} {description}")
-    return None, None
-  from lpcjax.data import with_tokenizer
-  from lpcjax.training import train
-
-  config = experiment.load_experiment(args.config, CONFIG_DIR)
-  config = experiment.apply_overrides(config, args.overrides)
-  if args.tokenizer_file and not hasattr(config.data, "tokenizer_file"):
-    raise experiment.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no tokenizer")
-  config = dataclasses.replace(config, data=with_tokenizer(config.data, args.tokenizer_file))
-  if args.print_config:
-    print(experiment.to_json(config))
-    return None, None
-  hooks = experiment.experiment_hooks(args.config, config, CONFIG_DIR)  # the file's get_hooks(config), if any
-  return train(config, resume=args.resume, resume_command=lambda run_name: resume_command(argv, run_name),
-               hooks=hooks)
-
-
-def main(argv=None):
-  with interrupts.remembered():  # a Ctrl-C during imports or compilation is never lost
-    return _main(argv)
-
-
-def _main(argv):
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default=DEFAULT_CONFIG,
-                      help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
-  parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-  parser.add_argument("--list-configs", action="store_true", help="list the experiment files in configs/ and exit")
-  parser.add_argument("--tokenizer-file", default=None,
-                      help="tiktoken rank file of the GPT-2 tokenizer (offline use); "
-                           "= data.tokenizer_file")
-  resume = parser.add_mutually_exclusive_group()
-  resume.add_argument("--resume", action="store_const", const=True, default=False,
-                      help="continue the run's latest checkpoint (state and data order); none is an error")
-  resume.add_argument("--resume-or-start", dest="resume", action="store_const", const="or_start",
-                      help="continue the run's latest checkpoint, or start the run if it has none")
-  parser.add_argument("overrides", nargs="*", help="section.field=value")
-  argv = sys.argv[1:] if argv is None else list(argv)
-  args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
-
-  try:
-    outcome = cli.exit_status(lambda: _train(args, argv))
-  except KeyboardInterrupt:  # only before the trainer starts: from then on a stop is graceful
-    print("error: interrupted before training started; nothing was written", file=sys.stderr)
-    return EXIT_STOPPED
-  if outcome == cli.USAGE_ERROR:
-    return outcome
-  run_dir, summary = outcome
-  if summary is None:
-    return 0
-  if summary.get("already_complete"):
-    print(f"{run_dir} is already at step {summary['step']} = train.steps: nothing to train "
-          "(raise train.steps to train on)")
-    return 0
-  # A run that stopped short of train.steps is not a success: `train.py && eval.py` must not
-  # evaluate half a run. EXIT_STOPPED, as a shell reports a Ctrl-C, whichever signal it was.
-  if summary["preempted"] and not os.path.isdir(run_dir):  # stopped before the first step
-    print("stopped by a signal before the first step: nothing trained, nothing kept; run the same command "
-          "again to start", file=sys.stderr)
-    return EXIT_STOPPED
-  print(json.dumps(summary, indent=2))
-  print(f"run directory: {run_dir}")
-  if summary["preempted"]:
-    print(f"stopped by a signal at step {summary['step']}, before train.steps: checkpoint saved; "
-          f"continue with: {resume_command(argv, os.path.basename(run_dir))}", file=sys.stderr)
-    return EXIT_STOPPED
-  return 0
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
-  cli.finish(main())
+  run()

@@ -174,5 +174,10 @@ def main(argv=None):
   return 0
 
 
-if __name__ == "__main__":
+def run():
+  """The console script ``lpcjax-generate``."""
   cli.finish(main())
+
+
+if __name__ == "__main__":
+  run()

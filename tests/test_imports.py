@@ -9,7 +9,8 @@ import pathlib
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Entry points import the library inside main() so that a Ctrl-C or --help comes before JAX's
 # import; they sit above everything else and nothing imports them.
-ENTRY_POINTS = {"lpcjax.generate", "lpcjax.convert.__main__", "lpcjax.data.__main__"}
+ENTRY_POINTS = {"lpcjax.generate", "lpcjax.convert.__main__", "lpcjax.data.__main__", "lpcjax.commands.train",
+                "lpcjax.commands.evaluate"}
 # Modules that need an optional package (triton) are imported where they are used, so the default
 # install imports lpcjax.kernels without it. No cycle is hidden this way: nothing imports back.
 OPTIONAL = {("lpcjax.kernels.triton_backend", "lpcjax.kernels.triton_kernels")}
@@ -123,7 +124,7 @@ FLOORS = {
     "lpcjax.experiment": 7, "lpcjax.paper_recipe": 7,
     "lpcjax.training": 8,
     "lpcjax.runs": 9, "lpcjax.convert": 9,
-    "lpcjax.generate": 10, "lpcjax.convert.__main__": 10, "lpcjax.data.__main__": 10,
+    "lpcjax.generate": 10, "lpcjax.commands": 10, "lpcjax.convert.__main__": 10, "lpcjax.data.__main__": 10,
 }
 
 

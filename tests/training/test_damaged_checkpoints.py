@@ -11,10 +11,12 @@ steps 2 and 4): its data files deleted or cut short, the state's ``_METADATA`` d
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from conftest import cli, tiny_arguments
+from conftest import REPO, cli, tiny_arguments
 
 STEPS = ["train.steps=4", "train.checkpoint_every=2", "train.warmup_steps=1", "train.eval_batches=1"]
 
@@ -125,6 +127,16 @@ def test_resume_refuses_a_damaged_latest_step_then_continues_the_previous_one(da
   kept = run / "checkpoints_set_aside" / "4"
   assert digest(kept) == {path[len("checkpoints/4/"):]: value for path, value in before.items()
                           if path.startswith("checkpoints/4/")}
+
+
+def test_in_a_process_of_its_own_the_line_is_all_it_prints(run):
+  """The reads a failed restore had started end later, on TensorStore's threads and in the
+  interpreter's teardown; each used to print a page of traceback (15 of them for --resume)."""
+  truncate_the_data_files(run / "checkpoints" / "4")
+  done = subprocess.run([sys.executable, str(REPO / "eval.py"), "--run", str(run)], capture_output=True, text=True,
+                        cwd=run.parent)
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+  assert "checkpoint step 4 is damaged: cannot read" in done.stderr
 
 
 def test_a_half_written_step_is_one_line_and_the_whole_one_is_offered(run, capsys):

@@ -9,7 +9,8 @@ its continuation token by token as it is drawn (--no-echo: the continuation only
 prints each row when done, prompt|continuation. The last line, on stderr, gives the new tokens
 per second (prefill and compilation included). The tokenizer is the run's GPT-2
 tokenizer: --tokenizer-file, else the rank file the run recorded (``data.tokenizer_file``), else
-$LPCJAX_TIKTOKEN_FILE, else tiktoken's download; generation stops at <|endoftext|> unless --no-stop.
+$LPCJAX_TIKTOKEN_FILE, else the GPT-2 rank file lpcjax ships; generation stops at <|endoftext|>
+unless --no-stop.
 
 Families that decode: fox, transformer, lpcsm, sith. pmt cannot: it is a time-series encoder,
 with no tokens to draw. A family may add flags of its own (its ``Family.stop_rule``: lpcsm's
@@ -156,22 +157,36 @@ def main(argv=None):
       result = generate(run.family, run.model, run.variables, prompts, max_new_tokens=args.max_new_tokens,
                         max_len=args.max_len, sampling=sampling, seed=args.seed, end_token=end_token,
                         on_token=printer if len(prompts) == 1 else None, stop_when=stop_when)
-    return prompts, result, decode, tokenizer, stream, time.perf_counter() - clock
+    return prompts, result, decode, tokenizer, stream, time.perf_counter() - clock, run.step
 
   # OSError, UnicodeDecodeError: a --prompts file that cannot be read as text
   outcome = cli.exit_status(generate_text, OSError, UnicodeDecodeError)
   if outcome == cli.USAGE_ERROR:
     return outcome
-  prompts, result, decode, tokenizer, stream, seconds = outcome
+  prompts, result, decode, tokenizer, stream, seconds, step = outcome
   if len(prompts) == 1:
     print(stream.flush() if tokenizer else "")
   else:
     for prompt, tokens in zip(prompts, result.tokens):
       print(f"{decode(prompt)}\u2502{decode(tokens)}")
   new_tokens = sum(map(len, result.tokens))
+  hint = undertrained_hint(result.tokens, step)
+  if hint:
+    print(hint, file=sys.stderr)
   print(f"{new_tokens} new tokens in {seconds:.2f} s: {new_tokens / seconds:.1f} tokens/s (prefill and "
         "compilation included)", file=sys.stderr)
   return 0
+
+
+def undertrained_hint(rows, step, least=4):
+  """A one-line note when every continuation of at least ``least`` tokens repeats one token (a
+  model that has learnt only the commonest word: "the the the"), naming the run's step; None
+  otherwise. Greedy decoding of a model a few dozen steps old does this: it is not a bug."""
+  long_rows = [row for row in rows if len(row) >= least]
+  if not long_rows or any(len(set(row)) > 1 for row in long_rows):
+    return None
+  return (f"note: every continuation repeats one token: a model at step {step} has not learnt enough to "
+          "generate text; train it longer (train.steps), or sample (--temperature 0.8)")
 
 
 def run():

@@ -120,10 +120,11 @@ def shared_data():
 @pytest.fixture(scope="session")
 def gpt2_rank_file(tmp_path_factory):
   """The path of GPT-2's tiktoken rank file (MIT, OpenAI), unpacked once per session from the
-  gzipped copy in tests/fixtures: the real tokenizer, offline."""
+  gzipped copy lpcjax ships (lpcjax/data/gpt2.tiktoken.gz): the real tokenizer, offline, in a
+  file of its own that a test may copy, pass or take away."""
   import gzip
   path = tmp_path_factory.mktemp("tokenizer") / "gpt2.tiktoken"
-  with gzip.open(FIXTURES / "gpt2.tiktoken.gz") as packed:
+  with gzip.open(REPO / "lpcjax" / "data" / "gpt2.tiktoken.gz") as packed:
     path.write_bytes(packed.read())
   return str(path)
 

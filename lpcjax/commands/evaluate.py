@@ -29,7 +29,7 @@ def _run_parser(add_help):
   parser.add_argument("--tokenizer-file", default=None,
                       help="tiktoken rank file of the GPT-2 tokenizer, instead of the one the "
                            "run recorded (default: the run's, else $LPCJAX_TIKTOKEN_FILE, else "
-                           "download)")
+                           "the one lpcjax ships)")
   return parser
 
 

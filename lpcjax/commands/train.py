@@ -10,8 +10,9 @@
 
 Any config field can be overridden as section.field=value (see lpcjax/config.py). The GPT-2
 tokenizer comes from --tokenizer-file (= data.tokenizer_file), else $LPCJAX_TIKTOKEN_FILE, else
-(token files) the rank file the token file was prepared with, else tiktoken's download; the run
-records the file in its config.json, so eval.py and generate find it offline. Several
+(token files) the rank file the token file was prepared with, else the GPT-2 rank file lpcjax
+ships (offline, no setup); the run records the file in its config.json, so eval.py and generate
+read the same one. Several
 processes (multi-host): set LPCJAX_DISTRIBUTED=1 (or run under a launcher that sets up
 jax.distributed's environment) and start the same command on every host.
 

@@ -28,7 +28,7 @@ GPT2_VOCAB_SIZE = 50257
 class TokenWindowConfig(DataConfig):
   """Fields shared by the GPT-2 token kinds."""
 
-  tokenizer_file: Optional[str] = None  # tiktoken rank file; else $LPCJAX_TIKTOKEN_FILE; else download
+  tokenizer_file: Optional[str] = None  # tiktoken rank file; else $LPCJAX_TIKTOKEN_FILE; else the shipped one
   segment_ids: bool = False  # give the model the document boundaries inside a window
   window_stride: Optional[int] = None  # start of window i is i * stride (default seq_len)
 
@@ -95,7 +95,7 @@ def with_tokenizer(data, tokenizer_file=None, saved=False):
   """``data`` with ``tokenizer_file`` set to the rank file its tokenizer is read from, as an
   absolute path; the one rule of every command (train.py, eval.py, generate): ``tokenizer_file``
   (a command's --tokenizer-file), else the config's own, else $LPCJAX_TIKTOKEN_FILE, else (token
-  files) the one ``python -m lpcjax.data`` recorded; None: tiktoken's download. ``saved``: the
+  files) the one ``python -m lpcjax.data`` recorded, else the GPT-2 rank file lpcjax ships. ``saved``: the
   config comes from a run directory, maybe written on another machine, so a recorded file that
   is gone gives way to $LPCJAX_TIKTOKEN_FILE. A run saves the result in config.json, so eval.py
   and generate find the tokenizer offline. Other data kinds have no tokenizer and come back as
@@ -105,14 +105,14 @@ def with_tokenizer(data, tokenizer_file=None, saved=False):
   chosen = tokenizer_file or data.tokenizer_file
   if saved and not tokenizer_file and chosen and not os.path.isfile(chosen) and os.environ.get(ENV_VAR):
     chosen = None
-  rank_file = rank_file_in_use(chosen)
-  if rank_file is None and isinstance(data, TokenFileConfig) and data.train_tokens:
+  chosen = chosen or os.environ.get(ENV_VAR)
+  if chosen is None and isinstance(data, TokenFileConfig) and data.train_tokens:
     try:  # only a hint: a missing or older token file fails later, where it is read
       with open(f"{data.train_tokens}.json") as f:
-        rank_file = json.load(f).get("tokenizer_file")
+        chosen = json.load(f).get("tokenizer_file")
     except (OSError, ValueError, AttributeError):
       pass
-  return dataclasses.replace(data, tokenizer_file=rank_file)
+  return dataclasses.replace(data, tokenizer_file=rank_file_in_use(chosen))
 
 
 class TooShortError(DataError):

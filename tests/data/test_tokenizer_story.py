@@ -10,12 +10,15 @@ import tiktoken
 
 from conftest import TEXT, cli
 
-from lpcjax.data import prepare
+from lpcjax.data import load_gpt2_tokenizer, prepare
+from lpcjax.data.prepare import tokenizer_hash
+from lpcjax.data.tokenizer import SHIPPED_RANK_FILE
 
 
 @pytest.fixture
 def offline(monkeypatch):
-  """No download and no $LPCJAX_TIKTOKEN_FILE: only what a command is given or a run recorded."""
+  """No download and no $LPCJAX_TIKTOKEN_FILE: what a command is given, a run recorded, or the
+  rank file lpcjax ships (lpcjax never downloads one: a download here would fail the test)."""
   def no_download(name):
     raise ConnectionError(f"no network for {name}")
   monkeypatch.setattr(tiktoken, "get_encoding", no_download)
@@ -77,7 +80,14 @@ def test_train_takes_the_tokenizer_file_and_the_environment_variable(gpt2_rank_f
   assert train(["--tokenizer-file", rank_file, "--print-config"]) == 2  # MQAR has no tokenizer
   assert capsys.readouterr().err.strip() == "error: --tokenizer-file: data.kind=mqar uses no tokenizer"
   monkeypatch.delenv("LPCJAX_TIKTOKEN_FILE")
+  # offline with no setup: the rank file lpcjax ships, which the run records
   assert train(["--config", "fox_tiny_text", f"data.train_files={essay}",
-                *tiny_text_run(tmp_path, "train.run_name=text")]) == 2
+                *tiny_text_run(tmp_path, "train.run_name=text")]) == 0
+  assert json.load(open(tmp_path / "text" / "config.json"))["data"]["tokenizer_file"] == SHIPPED_RANK_FILE
+  assert tokenizer_hash(load_gpt2_tokenizer()) == tokenizer_hash(load_gpt2_tokenizer(rank_file))  # the same ranks
+  missing = str(tmp_path / "gone.tiktoken")
+  capsys.readouterr()
+  assert train(["--config", "fox_tiny_text", f"data.train_files={essay}", "--tokenizer-file", missing,
+                *tiny_text_run(tmp_path, "train.run_name=text2")]) == 2
   err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1 and "--tokenizer-file" in err and "LPCJAX_TIKTOKEN_FILE" in err
+  assert len(err.splitlines()) == 1 and missing in err and "--tokenizer-file" in err and "LPCJAX_TIKTOKEN_FILE" in err

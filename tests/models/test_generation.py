@@ -181,7 +181,13 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   printed = out.split()  # MQAR runs have no tokenizer: ids are printed, the prompt's first
   assert printed[:3] == ["1", "2", "3"] and len(printed) == 7
   assert all(0 <= int(t) < config.model.vocab_size for t in printed)
-  assert re.fullmatch(r"4 new tokens in [\d.]+ s: [\d.]+ tokens/s \(prefill and compilation included\)", err.strip())
+  *notes, speed = err.strip().splitlines()
+  assert re.fullmatch(r"4 new tokens in [\d.]+ s: [\d.]+ tokens/s \(prefill and compilation included\)", speed)
+  if len(set(printed[3:])) == 1:  # a 2-step model repeating one token is told why, in one line
+    assert notes == ["note: every continuation repeats one token: a model at step 2 has not learnt enough to "
+                     "generate text; train it longer (train.steps), or sample (--temperature 0.8)"]
+  else:
+    assert notes == []
   assert main(["--run", str(run_dir), "--token-ids", "1,2,3", "--max-new-tokens", "4", "--no-echo"]) == 0
   assert capsys.readouterr().out.split() == printed[3:]  # greedy: the same continuation, alone
   assert main(["--run", str(run_dir), "--token-ids", "1,2,999999"]) == 2
@@ -199,6 +205,14 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   assert "unrecognized arguments: --stop-head 0.5" in capsys.readouterr().err
   assert main(["--run", str(tmp_path / "nowhere"), "--token-ids", "1"]) == 2
   assert capsys.readouterr().err.strip().endswith("no config.json, not a run directory")
+
+
+def test_a_continuation_of_one_repeated_token_gets_a_one_line_hint():
+  from lpcjax.generate import undertrained_hint
+  hint = undertrained_hint([[262, 262, 262, 262], [11, 11, 11, 11, 11]], step=30)
+  assert hint.startswith("note: every continuation repeats one token: a model at step 30") and "\n" not in hint
+  assert undertrained_hint([[262, 262, 262, 262], [11, 12, 11, 11]], step=30) is None  # one row varies
+  assert undertrained_hint([[262, 262]], step=30) is None  # too short to tell
 
 
 @pytest.mark.parametrize("text", ["He said \u201cyes\u201d.",

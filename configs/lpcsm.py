@@ -1,4 +1,4 @@
-"""LPC-SM language models (lpc-sm-spec.md): the full model, the Stage-A ablations and the staged
+"""LPC-SM language models: the full model, the Stage-A ablations and the staged
 A -> B -> C schedule, at a CPU size (``tiny``) and at the paper's 158M size (``paper``).
 
   python train.py --config lpcsm:tiny data.train_files=a.txt.gz,b.txt.gz data.eval_files=c.txt.gz

@@ -18,13 +18,13 @@ the aggregator and a second MLP); ``_full_matched`` has twice the layers, near P
 count (tiny: 386k against 400k). With _cue, the full-attention baselines' final-window feature
 (the mean of that window's tokens) is read on the same non-overlapping windows.
 
-Gates (pmt-spec.md §9): the memory gates (``lpcjax.models.pmt.GATE_PATTERNS``) are their own
+Gates (the PMT spec §9): the memory gates (``lpcjax.models.pmt.GATE_PATTERNS``) are their own
 parameter group (``train.gate_patterns``) with the spec's Adam b2 0.95 and clip 100, and a
 learning rate ``GATE_LR_SCALE`` times the rest (``train.lr_scales``): their gradients are small
 and noisy, and with the group's settings alone they move about 0.01 in logit in the 40 steps of
 tests/models/test_pmt_train.py (as without a group), about 0.1 with the scale.
 ``tiny`` pre-trains on 2 CPU cores in a few minutes (Wafer: 152 samples -> 37 tokens,
-windows of 7 tokens at stride 3). ``paper`` has the sizes of pmt-spec.md §9 (the later code's
+windows of 7 tokens at stride 3). ``paper`` has the sizes of the PMT spec §9 (the later code's
 CirCor/OpenPack configs; the paper's own sizes were not recovered): d 320, 8 heads, MLP 1280,
 3 PMA blocks with 3 memory slots, 256 tokenizer kernels, 3 neighbourhood layers of 20 tokens,
 Adam (0.9, 0.999), lr 2e-4 cosine to 2e-5, no weight decay, batch 32, clip 50, 200k updates

@@ -142,7 +142,10 @@ def _first_docstring_line(source):
     doc = ast.get_docstring(ast.parse(source)) or ""
   except SyntaxError:
     doc = ""
-  return " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
+  first = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
+  # as a terminal shows it: no reStructuredText literals, and a lead-in colon ends the sentence
+  first = first.replace("``", "`")
+  return first[:-1] + "." if first.endswith(":") else first
 
 
 _EXPERIMENT_MODULES = {}  # (path, modified) -> module: an experiment file runs once per process and version

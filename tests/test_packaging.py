@@ -27,6 +27,7 @@ def wheel(tmp_path_factory):
 def test_wheel_maps_kernels_into_lpcjax(wheel, tmp_path):
   names = zipfile.ZipFile(wheel).namelist()
   assert "lpcjax/kernels/__init__.py" in names and "lpcjax/kernels/xla_blockwise.py" in names
+  assert "lpcjax/configs/fox_tiny_mqar.py" in names and "lpcjax/data/gpt2.tiktoken.gz" in names
   assert not any(name.startswith("kernels/") for name in names)
   site = tmp_path / "site"
   zipfile.ZipFile(wheel).extractall(site)

@@ -1,4 +1,4 @@
-"""The delayed-identifier probe (LPC-SM, lpc-sm-spec.md §8.3): does the model carry a key across
+"""The delayed-identifier probe (LPC-SM, the LPC-SM spec §8.3): does the model carry a key across
 a long distractor?
 
 A prompt is a header that introduces an identifier, a long distractor region of real text, and a

@@ -28,6 +28,10 @@ def finish_plot(fig, ax, path, xlabel, ylabel, legend_outside=False):
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
+  # a nearly flat curve (a solved task's perplexity of 1.0000001) reads as its values, not as
+  # matplotlib's offset notation ("1e-7+1") on a linear axis
+  if ax.get_yscale() == "linear":
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
   if legend_outside:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
   else:

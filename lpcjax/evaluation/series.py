@@ -1,7 +1,7 @@
 """The evaluator of time-series encoders (``pmt``): frozen features, then the paper's probes,
 beside the controls a reader needs to judge them.
 
-* Linear probes (pmt-spec.md §11): features of the training split (``--features``: [CLS] by
+* Linear probes (the PMT spec §11): features of the training split (``--features``: [CLS] by
   default) fit a linear SVM (or logistic regression) on 1 %, 5 % and 100 % of the labels
   (stratified, over ``--seeds`` seeds), scored on the evaluation split: accuracy and macro-F1.
   A fraction that draws the same subsets as a smaller one is one row (with a warning).

@@ -1,7 +1,7 @@
-"""The sparse controller of LPC-SM (lpc-sm-spec.md §4): prediction-error statistics -> a hard
+"""The sparse controller of LPC-SM (the LPC-SM spec §4): prediction-error statistics -> a hard
 sparse event mask with a learnable firing ratio ρ within bounds.
 
-The paper's equations were lost (lpc-sm-spec.md marks them NOT FOUND); every such choice is a
+The paper's equations were lost (the LPC-SM spec marks them NOT FOUND); every such choice is a
 config field below, with the default chosen and the reason beside it.
 """
 

@@ -1,7 +1,7 @@
-"""The dual-timescale memory of LPC-SM (lpc-sm-spec.md §3): chunk summaries written into a fast
+"""The dual-timescale memory of LPC-SM (the LPC-SM spec §3): chunk summaries written into a fast
 and a slow state (the slow one through ONT), read causally by every token of the next chunk.
 
-The paper's equations were lost (lpc-sm-spec.md marks them NOT FOUND); every such choice is a
+The paper's equations were lost (the LPC-SM spec marks them NOT FOUND); every such choice is a
 config field below, with the default chosen and the reason beside it.
 """
 

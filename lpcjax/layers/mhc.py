@@ -1,7 +1,7 @@
-"""mHC, manifold-constrained hyper-connections (lpc-sm-spec.md §5): the residual transport across
+"""mHC, manifold-constrained hyper-connections (the LPC-SM spec §5): the residual transport across
 n streams, with its Sinkhorn projection and the stream expand/collapse of a model that uses it.
 
-The paper's equations were lost (lpc-sm-spec.md marks them NOT FOUND); every such choice is a
+The paper's equations were lost (the LPC-SM spec marks them NOT FOUND); every such choice is a
 config field below, with the default chosen and the reason beside it.
 """
 

@@ -1,7 +1,7 @@
-"""ONT, Orthogonal Novelty Transport (lpc-sm-spec.md §3): the slow-memory write rule that keeps
+"""ONT, Orthogonal Novelty Transport (the LPC-SM spec §3): the slow-memory write rule that keeps
 what the state already holds and amplifies the novel part of a write.
 
-The paper's equations were lost (lpc-sm-spec.md marks them NOT FOUND); every such choice is a
+The paper's equations were lost (the LPC-SM spec marks them NOT FOUND); every such choice is a
 config field below, with the default chosen and the reason beside it.
 """
 

@@ -1,4 +1,4 @@
-"""Progressive Memory Attention (PMA), the layer of the PMT encoder (pmt-spec.md §3–§6).
+"""Progressive Memory Attention (PMA), the layer of the PMT encoder (the PMT spec §3–§6).
 
 A PMA block cuts its K tokens into N = ⌊(K − W)/S⌋ + 1 overlapping windows of W tokens (window
 w starts at token wS) and runs one pre-norm transformer layer per window over
@@ -194,7 +194,7 @@ def masked_mean(x, valid, axis):
 
 @dataclasses.dataclass(frozen=True)
 class PMAConfig:
-  """The fields a PMA block reads. Defaults follow pmt-spec.md §4–§6 (the first author's
+  """The fields a PMA block reads. Defaults follow the PMT spec §4–§6 (the first author's
   later code where the paper's equations were lost)."""
 
   d_model: int = 64

@@ -1,4 +1,4 @@
-"""The ``lpcsm`` family: LPC-SM (Local Predictive Coding and Sparse Memory), lpc-sm-spec.md.
+"""The ``lpcsm`` family: LPC-SM (Local Predictive Coding and Sparse Memory), the LPC-SM spec.
 
 Each block, in the order of spec §2 (norm -> local attention -> dual-timescale memory ->
 predictive correction -> mHC), with a SwiGLU feed-forward last:

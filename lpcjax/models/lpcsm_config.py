@@ -21,7 +21,7 @@ from .language_model import check_vocab
 class LPCSMConfig(GateFields, KVHeadFields, DecoderConfig):
   """LPC-SM. Mechanism switches give the paper's ablations: ``mhc``, ``slow_memory``,
   ``predictive_coding``, ``ont``, ``stop_head`` (Stage A) and ``learn_ratio`` (Stage B's fixed
-  ratio control). Sizes and rules marked NOT FOUND in lpc-sm-spec.md are chosen here."""
+  ratio control). Sizes and rules marked NOT FOUND in the LPC-SM spec are chosen here."""
 
   family: ClassVar[str] = "lpcsm"
 

@@ -1,4 +1,4 @@
-"""The ``pmt`` family: the Progressive Memory Transformer, a time-series encoder (pmt-spec.md).
+"""The ``pmt`` family: the Progressive Memory Transformer, a time-series encoder (the PMT spec).
 
 x [batch, T, C] (NaN = missing) -> patch tokens (K = ⌊(T − P)/S_p⌋ + 1) -> a stack of PMA blocks
 (``lpcjax.layers.pma``; or, with ``attention="full"``, the paper's Transformer baseline: the same
@@ -43,10 +43,10 @@ from .family import Family, register
 class PMTConfig(ModelConfig):
   """PMT encoder, its baseline and its pre-training losses.
 
-  Choices where pmt-spec.md says NOT FOUND (each a field): patch 8 / stride 4 (per-dataset sizes
+  Choices where the PMT spec says NOT FOUND (each a field): patch 8 / stride 4 (per-dataset sizes
   not found; the later code uses 15/6 and 161/80); n_m = 1 (the window ablation's value);
   one neighbourhood layer after the PMA stack (the later code uses 3); γ = 1; HGCL: the
-  reconstruction of pmt-spec.md §7.2 with σ_tok = σ_win = 1 and τ = 0.5 (see pmt_losses);
+  reconstruction of the PMT spec §7.2 with σ_tok = σ_win = 1 and τ = 0.5 (see pmt_losses);
   views: additive Gaussian jitter 0.01 / 0.03 (the later code's weak/strong views).
   """
 
@@ -148,7 +148,7 @@ class PMTConfig(ModelConfig):
     return window, stride, num_windows(num_tokens, window, stride)
 
 
-# The memory gates of pmt-spec.md §9's own parameter group (``train.gate_patterns``): the
+# The memory gates of the PMT spec §9's own parameter group (``train.gate_patterns``): the
 # reset/carry gate, the write and read gates, the SkipGate, the aggregator's γ and head × copy
 # bias. Scalars and zero-init rows whose gradients are small and noisy beside the rest.
 GATE_PATTERNS = ("carry_gate", "/write/", "read_gate", "skip_gate", "aggregator/gamma", "copy_bias")
@@ -288,7 +288,7 @@ def check_series(config):
 
 @dataclasses.dataclass(frozen=True)
 class PMTTrainConfig(LRScaledTrainConfig):
-  """The trainer's settings plus PMT's optimizer extras (pmt-spec.md §9), each off by default:
+  """The trainer's settings plus PMT's optimizer extras (the PMT spec §9), each off by default:
   learning-rate scales (``lr_scales``: the gates' larger learning rate, configs/pmt.py) and the
   gates' own parameter group."""
 

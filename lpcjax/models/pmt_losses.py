@@ -1,5 +1,6 @@
 """PMT pre-training: two augmented views of each series (jitter, scaling, masking: ``augment``),
-and the three contrastive losses of pmt-spec.md §7, L = λ_ICL ICL + λ_HGCL HGCL + λ_PCL PCL (λ = 0 switches a loss off).
+and the three contrastive losses of the PMT spec §7, L = λ_ICL ICL + λ_HGCL HGCL + λ_PCL PCL
+(λ = 0 switches a loss off).
 
 Negatives come from the other sequences of the global batch (the loss runs under jit on the
 whole sharded batch). Evaluation batches mark padding examples with ``valid`` = 0: they are
@@ -9,7 +10,7 @@ depend on the batch they see: gradient accumulation changes the negatives, not j
 
 * ICL (§7.1): symmetric InfoNCE between the two views' [CLS] projections.
 * HGCL (§7.2): the paper's per-anchor formula was not recovered. Implemented: the
-  reconstruction of pmt-spec.md §7.2 (it has every property the paper states),
+  reconstruction of the PMT spec §7.2 (it has every property the paper states),
   ℓ_a = −log[(e^{s_ap/τ} + e^{(T_a − s_ap)/τ}) / (e^{s_ap/τ} + e^{(T_a − s_ap)/τ} + Σ_n e^{s_an/τ})],
   T_a = Σ_c q_ac s_ac over the local candidates c with unnormalized Gaussian weights (q_ap = 1),
   at two levels, averaged: tokens (candidates: the W tokens of the anchor's window in the other

@@ -396,3 +396,17 @@ def test_a_checkpoint_that_no_longer_matches_its_model_is_a_one_line_error(tmp_p
     with pytest.raises(RunError) as error:
       load_run(run_dir)
     assert expected in str(error.value) and len(str(error.value).splitlines()) == 1
+
+
+def test_a_flat_curve_is_labelled_by_its_values_not_an_offset(tmp_path):
+  """A solved task's perplexity (1.0000001...) once read "1e-7+1" on the axis."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from lpcjax.evaluation.plots import finish_plot
+  fig, ax = plt.subplots()
+  ax.plot([8, 16, 32], [1.0000001, 1.0000002, 1.0000004], label="solved")
+  finish_plot(fig, ax, str(tmp_path / "flat.png"), "L", "perplexity")
+  formatter = ax.yaxis.get_major_formatter()
+  assert formatter.get_offset() == "" and all(label.startswith("1.0000") for label in formatter.format_ticks(
+      ax.get_yticks()))

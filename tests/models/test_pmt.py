@@ -129,7 +129,7 @@ def _receptive_field(memory):
 
 
 def test_receptive_field_example():
-  """pmt-spec.md §3: N = 17; with memory the last window's memory depends on every token; a
+  """the PMT spec §3: N = 17; with memory the last window's memory depends on every token; a
   stateless stack sees only the tokens its overlaps reach (not the start)."""
   progressive = _receptive_field("progressive")
   assert (progressive > 0).all()

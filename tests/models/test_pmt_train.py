@@ -1,4 +1,4 @@
-"""PMT pre-training mechanisms: the gates' own parameter group (pmt-spec.md §9) finds every gate
+"""PMT pre-training mechanisms: the gates' own parameter group (the PMT spec §9) finds every gate
 and only the gates, runs its own Adam, and moves the gates off their init within a few dozen
 steps (their biases and, for the write and read gates, their openings); the views'
 augmentations do what they say."""

@@ -124,7 +124,7 @@ class TrainConfig:
   # batch_stats), not its optimizer state or data position: fine-tuning and staged schedules.
   init_from: Optional[str] = None
   # With --resume: the checkpoint step to continue (None: the latest), e.g. the previous step
-  # when the latest is damaged. Later steps are set aside under RUN/set_aside/, not deleted.
+  # when the latest is damaged. Later steps are set aside under RUN/checkpoints_set_aside/, not deleted.
   resume_step: Optional[int] = None
   checkpoint_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
   keep_checkpoints: int = 3

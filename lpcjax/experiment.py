@@ -151,15 +151,16 @@ def _first_docstring_line(source):
 _EXPERIMENT_MODULES = {}  # (path, modified) -> module: an experiment file runs once per process and version
 
 
-def experiment_module(path):
-  """The experiment file at ``path``, run as a module. Its folder joins ``sys.path`` (at the
-  end, so it shadows no installed package): a family module or backend kept beside the
-  experiment file is imported by name, with no PYTHONPATH, and the run records it."""
+def experiment_module(path, on_path=True):
+  """The experiment file at ``path``, run as a module. With ``on_path`` (a file the user names)
+  its folder joins ``sys.path`` (at the end, so it shadows no installed package): a family module
+  or backend kept beside the experiment file is imported by name, with no PYTHONPATH, and the
+  run records it. The named experiments (configs/) import nothing of their folder."""
   path = os.path.abspath(path)
   key = (path, os.stat(path).st_mtime_ns)
   if key not in _EXPERIMENT_MODULES:
     folder = os.path.dirname(path)
-    if folder not in sys.path:
+    if on_path and folder not in sys.path:
       sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(f"lpcjax_experiment_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
@@ -169,24 +170,26 @@ def experiment_module(path):
 
 
 def _experiment_path(path_or_name, search_dir):
-  """(the experiment file, the argument after its colon) of ``path_or_name``."""
+  """(the experiment file, the argument after its colon, whether the user gave the file itself
+  rather than a name in ``search_dir``) of ``path_or_name``."""
   path_or_name, _, argument = path_or_name.partition(":")
   if os.path.exists(path_or_name):
-    return path_or_name, argument
+    return path_or_name, argument, True
   candidate = os.path.join(search_dir, f"{path_or_name}.py")
   if not os.path.exists(candidate):
     names = config_names(search_dir)
     raise ConfigError(f"config {path_or_name!r}: no such file, nor {candidate}"
                       f"{did_you_mean(path_or_name, names, n=3)}; configs: {', '.join(names)} (--list-configs "
                       "describes them)")
-  return candidate, argument
+  return candidate, argument, False
 
 
 def experiment_hooks(path_or_name, config, search_dir="configs"):
   """The trainer hooks the experiment file registers: its ``get_hooks(config)`` (a list of
   ``lpcjax.training.Hook``), or none when it defines no such function."""
-  get_hooks = getattr(experiment_module(_experiment_path(path_or_name, search_dir)[0]), "get_hooks", None)
-  return tuple(get_hooks(config)) if get_hooks else ()
+  path, _, given = _experiment_path(path_or_name, search_dir)
+  get_hooks = getattr(experiment_module(path, on_path=given), "get_hooks", None)
+  return tuple(get_hooks(config) or ()) if get_hooks else ()
 
 
 def load_experiment(path_or_name, search_dir="configs"):
@@ -194,8 +197,8 @@ def load_experiment(path_or_name, search_dir="configs"):
 
   ``file:arg`` (as in ml_collections) calls ``get_config("arg")``: ``paper:fox_pro_760m``.
   """
-  path, argument = _experiment_path(path_or_name, search_dir)
-  module = experiment_module(path)
+  path, argument, given = _experiment_path(path_or_name, search_dir)
+  module = experiment_module(path, on_path=given)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"config {path}: defines no get_config()")
   try:

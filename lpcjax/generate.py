@@ -72,7 +72,7 @@ def parse_token_ids(text):
 def make_parser(add_help=True):
   parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--run", required=True, help="a run directory (config.json + checkpoints/)")
+  parser.add_argument("--run", required=add_help, help="a run directory (config.json + checkpoints/)")
   prompts = parser.add_mutually_exclusive_group(required=add_help)
   prompts.add_argument("--prompt", help="one prompt (text)")
   prompts.add_argument("--prompts", help="a file of prompts, one per line")
@@ -97,12 +97,13 @@ def parse_args(argv):
   config is read first (a missing --run, or --help without one, is argparse's usual answer)."""
   known, _ = make_parser(add_help=False).parse_known_args(argv)
   parser = make_parser()
-  if known.run:
-    from lpcjax import models
-    from lpcjax.runs import read_config
-    family = models.get(read_config(known.run).model.family)
-    if family.stop_rule is not None:
-      family.stop_rule.add_arguments(parser)
+  if not known.run:
+    return parser.parse_args(argv)  # argparse's usage or --help, and its exit
+  from lpcjax import models
+  from lpcjax.runs import read_config
+  family = models.get(read_config(known.run).model.family)
+  if family.stop_rule is not None:
+    family.stop_rule.add_arguments(parser)
   return parser.parse_args(argv)
 
 

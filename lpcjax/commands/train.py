@@ -54,7 +54,9 @@ def resume_command(argv, run_name):
   resume flag and run name, then ``train.run_name=NAME --resume`` (a run named by its start
   time can only be resumed by that name), started as this one was (``lpcjax-train`` or
   ``python train.py``)."""
-  kept = [arg for arg in argv if arg not in ("--resume", "--resume-or-start") and not arg.startswith("train.run_name=")]
+  # train.resume_step is a one-off: continuing the run again means its latest step
+  kept = [arg for arg in argv if arg not in ("--resume", "--resume-or-start")
+          and not arg.startswith(("train.run_name=", "train.resume_step="))]
   return shlex.join([*_this_command(), *kept, f"train.run_name={run_name}", "--resume"])
 
 

@@ -13,6 +13,7 @@ import base64
 import binascii
 import gzip
 import os
+import zlib
 
 import tiktoken
 
@@ -47,7 +48,7 @@ def load_gpt2_tokenizer(rank_file=None):
     raise TokenizerError(f"tokenizer rank file not found: {rank_file}; {OFFLINE_HINT}")
   try:
     ranks = _ranks(rank_file)
-  except (OSError, ValueError, binascii.Error, EOFError) as error:  # not gzip, not base64, not "token rank"
+  except (OSError, ValueError, binascii.Error, EOFError, zlib.error) as error:  # not gzip/base64/"token rank"
     raise TokenizerError(f"tokenizer rank file {rank_file} is not a tiktoken rank file: {error}") from None
   if not ranks:
     raise TokenizerError(f"tokenizer rank file {rank_file} is not a tiktoken rank file: it is empty")
@@ -57,9 +58,12 @@ def load_gpt2_tokenizer(rank_file=None):
 
 def rank_file_in_use(rank_file=None):
   """The absolute path of the rank file ``load_gpt2_tokenizer(rank_file)`` reads: what a run or
-  a token file records so that later commands read the same one. A recorded copy of the shipped
-  file that is gone (the run came from another install) is this install's."""
-  rank_file = os.path.abspath(rank_file or os.environ.get(ENV_VAR) or SHIPPED_RANK_FILE)
-  if not os.path.isfile(rank_file) and os.path.basename(rank_file) == os.path.basename(SHIPPED_RANK_FILE):
-    return SHIPPED_RANK_FILE
-  return rank_file
+  a token file records so that later commands read the same one."""
+  return os.path.abspath(rank_file or os.environ.get(ENV_VAR) or SHIPPED_RANK_FILE)
+
+
+def is_shipped_copy(rank_file):
+  """Whether a recorded ``rank_file`` is the shipped file of another install, gone from here (a
+  run trained elsewhere): it reads this install's."""
+  return (os.path.basename(rank_file) == os.path.basename(SHIPPED_RANK_FILE) and not os.path.isfile(rank_file)
+          and os.path.basename(os.path.dirname(rank_file)) == "data")

@@ -19,7 +19,7 @@ from .errors import DataError
 from .prepare import load_token_file, read_documents, tokenizer_hash
 from .registry import DataKind, register
 from .text import tokenize_files
-from .tokenizer import ENV_VAR, load_gpt2_tokenizer, rank_file_in_use
+from .tokenizer import ENV_VAR, SHIPPED_RANK_FILE, is_shipped_copy, load_gpt2_tokenizer, rank_file_in_use
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -103,6 +103,8 @@ def with_tokenizer(data, tokenizer_file=None, saved=False):
   if not isinstance(data, TokenWindowConfig):
     return data
   chosen = tokenizer_file or data.tokenizer_file
+  if saved and not tokenizer_file and chosen and is_shipped_copy(chosen):
+    chosen = SHIPPED_RANK_FILE  # recorded by another install of lpcjax: this one's copy
   if saved and not tokenizer_file and chosen and not os.path.isfile(chosen) and os.environ.get(ENV_VAR):
     chosen = None
   chosen = chosen or os.environ.get(ENV_VAR)

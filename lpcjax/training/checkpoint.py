@@ -88,8 +88,8 @@ def _damage(error):
   for cause in seen:
     text = str(cause)
     reading = re.search(r'Error reading "([^"/]+)[^"]*"[^:]*: ([^;\n]+)', text)
-    if reading:
-      return f"cannot read {reading[1]} ({reading[2].strip()})"
+    if reading:  # the reason, without TensorStore's spec that may follow it
+      return f"cannot read {reading[1]} ({reading[2].split(' [tensorstore_spec')[0].strip()[:160]})"
     if isinstance(cause, json.JSONDecodeError):  # the tree's metadata (_METADATA) cut short or garbled
       return f"its metadata is not valid JSON ({cause})"
     if isinstance(cause, FileNotFoundError):

@@ -42,7 +42,8 @@ from lpcjax.sharding import check_divisible, context_ways, make_mesh, rules_from
 from .checkpoint import Checkpointer
 from .run_directory import RunExistsError  # noqa: F401  (re-exported: train() raises it)
 from .run_directory import (MetricsLog, check_resumable, check_same_structure, earlier_train_seconds, metric_means,
-                            num_params, open_run_directory, parse_run_spec, restore_checked, restore_variables)
+                            num_params, open_run_directory, parse_run_spec, restore_checked, restore_variables,
+                            set_aside_later_steps)
 from .stopping import TrainingError  # noqa: F401  (re-exported: train() raises it)
 from .stopping import NonfiniteGuard, stop_agreed, stop_requests
 from .steps import (create_train_state, eval_step, learning_rate_schedule, make_optimizer, state_shardings, step_rng,
@@ -244,6 +245,10 @@ def train(config, resume=False, progress=True, devices=None, resume_command=None
       loop.checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
       state = initial_state(family, model, config, run_dir, start, data, loop.checkpointer, abstract, shardings,
                             optimizer, mesh, rules)
+      if config.train.resume_step is not None:  # restored: only now do the later steps go aside
+        loop.checkpointer.close()
+        set_aside_later_steps(run_dir, start)
+        loop.checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
       train_fn, eval_fn = compiled_steps(family, config, shardings)
       size, clock = num_params(state.params), time.perf_counter()
       loop.flops_per_unit = family.flops_per_unit and family.flops_per_unit(config, state.params)
@@ -251,8 +256,8 @@ def train(config, resume=False, progress=True, devices=None, resume_command=None
       if progress and jax.process_index() == 0:
         lines = start_block(config, size, mesh, run_dir, start, resume_command)
         if not loop.flops_per_unit:  # said once here, not on every log row
-          lines.append(f"mfu      not logged: the {family.name} family gives no FLOPs per "
-                       f"{family.throughput_unit[:-1]} (Family.flops_per_unit)")
+          lines.append(f"mfu      not logged: the {family.name} family gives no FLOPs estimate "
+                       "(Family.flops_per_unit)")
         print("\n".join(lines), flush=True)
       final = loop.run(state, train_fn, eval_fn, progress)
     finally:

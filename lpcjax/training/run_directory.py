@@ -14,6 +14,7 @@ import sys
 import time
 
 import jax
+from jax.experimental import multihost_utils
 
 from lpcjax import experiment, models
 from lpcjax.config import ConfigError
@@ -103,16 +104,20 @@ def restore_checked(checkpointer, run_dir, *args, variables_only=False, **kwargs
 
 
 def earlier_step_advice(checkpointer, error):
-  """What to do about a damaged step (named in ``error``'s message): the latest earlier step
-  whose files look whole (``Checkpointer.looks_whole``), and how each command takes it."""
+  """What to do about a damaged step (named in ``error``'s message): the nearest other step whose
+  files look whole (``Checkpointer.looks_whole``; an earlier one first), and how each command
+  takes it."""
   damaged = int(re.search(r"checkpoint step (\d+)", str(error))[1])
-  earlier = [step for step in reversed(checkpointer.all_steps()) if step < damaged]
-  whole = next((step for step in earlier if checkpointer.looks_whole(step)), None)
+  steps = checkpointer.all_steps()
+  candidates = [s for s in reversed(steps) if s < damaged] + [s for s in steps if s > damaged]
+  whole = next((step for step in candidates if checkpointer.looks_whole(step)), None)
   if whole is None:
-    return (f"No earlier step looks whole ({len(earlier)} earlier); copy step {damaged} again from a backup "
+    return (f"No other step looks whole ({len(candidates)} other); copy step {damaged} again from a backup "
             "or start a new run (train.init_from=RUN:STEP takes the weights of another run's step)")
-  return (f"The previous step whose files look whole is {whole}: evaluate or generate from it with --step {whole}, "
-          f"resume from it with --resume train.resume_step={whole}, or copy step {damaged} again from a backup")
+  which = "previous" if whole < damaged else "next"
+  return (f"The {which} step whose files look whole is {whole}: evaluate or generate from it with --step {whole}, "
+          f"resume from it with --resume train.resume_step={whole}, start from its weights with "
+          f"train.init_from=RUN:{whole}, or copy step {damaged} again from a backup")
 
 
 def parse_run_spec(spec):
@@ -178,28 +183,47 @@ def open_run_directory(config, resume):
   return run_dir, latest, created
 
 
-def _resume_from(run_dir, step):
-  """``train.resume_step``: continue checkpoint ``step`` rather than the latest (a damaged one).
-  The steps after it move to RUN/checkpoints_set_aside/ (kept, never deleted), since the resumed
-  run saves those steps again and Orbax never writes over a step."""
+def _later_steps(run_dir, step):
+  """The checkpoint steps after ``step`` (which must exist), each checked to have a free place
+  under RUN/checkpoints_set_aside/: every process checks, so none goes on alone."""
   folder = os.path.join(run_dir, "checkpoints")
   steps = sorted(int(name) for name in os.listdir(folder) if name.isdigit()) if os.path.isdir(folder) else []
   if step not in steps:
     raise ConfigError(f"train.resume_step: {run_dir} has no checkpoint at step {step}; it has "
                       f"{', '.join(map(str, steps)) or 'none'}")
   later = [s for s in steps if s > step]
-  if later and jax.process_index() == 0:
-    aside = os.path.join(run_dir, "checkpoints_set_aside")
-    os.makedirs(aside, exist_ok=True)
-    for s in later:
-      target = os.path.join(aside, str(s))
-      if os.path.exists(target):
-        raise ConfigError(f"train.resume_step: {target} exists already; move it away to set step {s} aside")
-    for s in later:
-      shutil.move(os.path.join(folder, str(s)), os.path.join(aside, str(s)))
-    print(f"note: train.resume_step={step}: later steps {', '.join(map(str, later))} moved to {aside} "
-          "(kept; the run saves those steps again)", file=sys.stderr)
+  for s in later:
+    target = os.path.join(run_dir, "checkpoints_set_aside", str(s))
+    if os.path.exists(target):
+      raise ConfigError(f"train.resume_step: {target} exists already; move it away to set step {s} aside")
+  return later
+
+
+def _resume_from(run_dir, step):
+  """``train.resume_step``: continue checkpoint ``step`` rather than the latest (a damaged one);
+  checked here, before anything is written. The steps after it are set aside by the trainer
+  (``set_aside_later_steps``) once that step's state is restored, so a failed resume moves
+  nothing."""
+  _later_steps(run_dir, step)
   return step
+
+
+def set_aside_later_steps(run_dir, step):
+  """Move the checkpoint steps after ``step`` to RUN/checkpoints_set_aside/ (kept, never deleted:
+  the resumed run saves those steps again, and Orbax never writes over a step), once step
+  ``step`` is restored; returns the moves. Process 0 moves; every process waits for it."""
+  later = _later_steps(run_dir, step)
+  moves = [(os.path.join(run_dir, "checkpoints", str(s)), os.path.join(run_dir, "checkpoints_set_aside", str(s)))
+           for s in later]
+  if moves and jax.process_index() == 0:
+    os.makedirs(os.path.join(run_dir, "checkpoints_set_aside"), exist_ok=True)
+    for source, target in moves:
+      shutil.move(source, target)
+    print(f"note: train.resume_step={step}: later steps {', '.join(map(str, later))} moved to "
+          f"{os.path.join(run_dir, 'checkpoints_set_aside')} (kept; the run saves those steps again)", file=sys.stderr)
+  if moves and jax.process_count() > 1:
+    multihost_utils.sync_global_devices("lpcjax: later checkpoint steps set aside")
+  return moves
 
 
 def check_resumable(run_dir, config):

@@ -10,7 +10,7 @@ import tiktoken
 
 from conftest import TEXT, cli
 
-from lpcjax.data import load_gpt2_tokenizer, prepare
+from lpcjax.data import DataError, TextDataConfig, load_gpt2_tokenizer, prepare, with_tokenizer
 from lpcjax.data.prepare import tokenizer_hash
 from lpcjax.data.tokenizer import SHIPPED_RANK_FILE
 
@@ -85,6 +85,19 @@ def test_train_takes_the_tokenizer_file_and_the_environment_variable(gpt2_rank_f
                 *tiny_text_run(tmp_path, "train.run_name=text")]) == 0
   assert json.load(open(tmp_path / "text" / "config.json"))["data"]["tokenizer_file"] == SHIPPED_RANK_FILE
   assert tokenizer_hash(load_gpt2_tokenizer()) == tokenizer_hash(load_gpt2_tokenizer(rank_file))  # the same ranks
+  garbled = tmp_path / "garbled.tiktoken.gz"  # a gzip stream with its body overwritten
+  packed = bytearray(open(SHIPPED_RANK_FILE, "rb").read()[:4000])
+  packed[100:200] = bytes(100)
+  garbled.write_bytes(bytes(packed))
+  with pytest.raises(DataError, match=f"tokenizer rank file {garbled} is not a tiktoken rank file"):
+    load_gpt2_tokenizer(str(garbled))
+  # a path given now is never swapped for the shipped file, whatever its name; one that a run
+  # recorded in another install of lpcjax reads this install's copy
+  with pytest.raises(DataError, match="tokenizer rank file not found"):
+    load_gpt2_tokenizer(str(tmp_path / "data" / "gpt2.tiktoken.gz"))
+  elsewhere = TextDataConfig(train_files=(essay,), tokenizer_file="/another/venv/lpcjax/data/gpt2.tiktoken.gz")
+  assert with_tokenizer(elsewhere, saved=True).tokenizer_file == SHIPPED_RANK_FILE
+  assert with_tokenizer(elsewhere).tokenizer_file == elsewhere.tokenizer_file  # not recorded: as given
   missing = str(tmp_path / "gone.tiktoken")
   capsys.readouterr()
   assert train(["--config", "fox_tiny_text", f"data.train_files={essay}", "--tokenizer-file", missing,

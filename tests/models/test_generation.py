@@ -203,6 +203,9 @@ def test_generate_command_streams_tokens(tmp_path, capsys):
   with pytest.raises(SystemExit):
     main(["--run", str(run_dir), "--token-ids", "1", "--stop-head", "0.5"])
   assert "unrecognized arguments: --stop-head 0.5" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as help_exit:  # --help without a run: argparse's help, not an error
+    main(["--help"])
+  assert help_exit.value.code == 0 and "--max-new-tokens" in capsys.readouterr().out
   assert main(["--run", str(tmp_path / "nowhere"), "--token-ids", "1"]) == 2
   assert capsys.readouterr().err.strip().endswith("no config.json, not a run directory")
 

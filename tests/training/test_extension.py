@@ -125,7 +125,8 @@ def test_a_family_and_backend_beside_the_experiment_train_and_evaluate_in_fresh_
   trained = run_in(outside, str(REPO / "train.py"), "--config", "experiment.py", "train.run_name=tiny")
   assert trained.returncode == 0, trained.stderr
   # no FLOPs for a model that is not a decoder: said once, in the start block, not per log row
-  assert trained.stdout.count("mfu      not logged: the tiny_lm family gives no FLOPs per token") == 1
+  assert trained.stdout.count("mfu      not logged: the tiny_lm family gives no FLOPs estimate "
+                              "(Family.flops_per_unit)") == 1
   run_dir = tmp_path / "runs" / "tiny"
   rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
   assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and not any("mfu" in r for r in rows)

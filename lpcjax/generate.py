@@ -93,25 +93,26 @@ def make_parser(add_help=True):
 
 
 def parse_args(argv):
-  """The arguments, with the flags of the run's family (``Family.stop_rule``): the run directory's
-  config is read first (a missing --run, or --help without one, is argparse's usual answer)."""
+  """(the arguments, with the flags of the run's family (``Family.stop_rule``); the run's config,
+  read once here). A missing --run, or --help without one, is argparse's usual answer."""
   known, _ = make_parser(add_help=False).parse_known_args(argv)
   parser = make_parser()
   if not known.run:
-    return parser.parse_args(argv)  # argparse's usage or --help, and its exit
+    return parser.parse_args(argv), None  # argparse's usage or --help, and its exit
   from lpcjax import models
   from lpcjax.runs import read_config
-  family = models.get(read_config(known.run).model.family)
+  config = read_config(known.run)
+  family = models.get(config.model.family)
   if family.stop_rule is not None:
     family.stop_rule.add_arguments(parser)
-  return parser.parse_args(argv)
+  return parser.parse_args(argv), config
 
 
 def main(argv=None):
   outcome = cli.exit_status(lambda: parse_args(argv))
   if outcome == cli.USAGE_ERROR:  # a run directory that cannot be read
     return outcome
-  args = outcome
+  args, config = outcome
   import flax.linen as nn
   import jax
 
@@ -121,7 +122,7 @@ def main(argv=None):
 
   def generate_text():
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
-    run = load_run(args.run, step=args.step, tokenizer_file=args.tokenizer_file)
+    run = load_run(args.run, step=args.step, tokenizer_file=args.tokenizer_file, config=config)
     check_decodes(run.family)
     tokenizer = None
     if args.token_ids is not None:

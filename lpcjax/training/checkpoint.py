@@ -27,12 +27,16 @@ def checkpoint_dir(run_dir):
   return os.path.abspath(os.path.join(run_dir, "checkpoints"))
 
 
-def latest_checkpoint_step(run_dir):
-  """The highest complete checkpoint step in ``run_dir`` (Orbax renames a step's folder to its
-  number only when it is complete), or None."""
+def checkpoint_steps(run_dir):
+  """The checkpoint steps in ``run_dir``, ascending: the folders Orbax names by their step
+  (it renames a step's folder to its number only when the step is complete)."""
   path = checkpoint_dir(run_dir)
-  steps = [int(name) for name in os.listdir(path) if name.isdigit()] if os.path.isdir(path) else []
-  return max(steps, default=None)
+  return sorted(int(name) for name in os.listdir(path) if name.isdigit()) if os.path.isdir(path) else []
+
+
+def latest_checkpoint_step(run_dir):
+  """The highest complete checkpoint step in ``run_dir``, or None."""
+  return max(checkpoint_steps(run_dir), default=None)
 
 
 def has_checkpoint(run_dir):
@@ -269,8 +273,6 @@ class Checkpointer:
     _ClosedLoopGuard.install()
     try:
       return read()
-    except (TreeMismatchError, IncompleteCheckpointError):
-      raise
     except Exception as error:  # noqa: BLE001  TensorStore raises bare Exceptions
       detail = _damage(error)
       if detail is None:
@@ -280,12 +282,12 @@ class Checkpointer:
       _ClosedLoopGuard.remove()
     raise DamagedCheckpointError(f"checkpoint step {step} is damaged: {detail}")
 
-  def looks_whole(self, step, names=("state",)):
-    """Whether step ``step`` has every file a restore of the items ``names`` opens first (its
-    metadata, the OCDBT manifests) and no empty data file: a check of the files' presence,
-    not of their contents, which only a read can tell."""
+  def looks_whole(self, step):
+    """Whether step ``step`` has every file a restore of its state opens first (its metadata,
+    the OCDBT manifests) and no empty data file: a check of the files' presence, not of their
+    contents, which only a read can tell."""
     try:
-      self._check_items(step, names)
+      self._check_items(step, ("state",))
     except (IncompleteCheckpointError, DamagedCheckpointError):
       return False
     folder = epath.Path(self.manager.directory) / str(step) / "state"

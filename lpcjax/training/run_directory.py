@@ -22,7 +22,7 @@ from lpcjax.errors import UserError
 from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
 
 from .checkpoint import (Checkpointer, DamagedCheckpointError, IncompleteCheckpointError, TreeMismatchError,
-                         has_checkpoint, latest_checkpoint_step, tree_mismatch)
+                         checkpoint_steps, has_checkpoint, latest_checkpoint_step, tree_mismatch)
 from .steps import make_optimizer, state_shardings, variable_shardings
 
 
@@ -173,8 +173,9 @@ def open_run_directory(config, resume):
   if latest is None and resume is True:
     raise RunError(f"{run_dir}: no checkpoint to resume; start it without --resume "
                    "(--resume-or-start does either)")
-  if config.train.resume_step is not None:
-    latest = _resume_from(run_dir, config.train.resume_step)
+  if config.train.resume_step is not None:  # checked now; the later steps go aside once it is restored
+    _later_steps(run_dir, config.train.resume_step)
+    latest = config.train.resume_step
   if latest is not None and latest > config.train.steps:
     raise ConfigError(f"train.steps: {run_dir} is already at step {latest}, past "
                                  f"train.steps={config.train.steps}; set train.steps above {latest} to train on")
@@ -186,8 +187,7 @@ def open_run_directory(config, resume):
 def _later_steps(run_dir, step):
   """The checkpoint steps after ``step`` (which must exist), each checked to have a free place
   under RUN/checkpoints_set_aside/: every process checks, so none goes on alone."""
-  folder = os.path.join(run_dir, "checkpoints")
-  steps = sorted(int(name) for name in os.listdir(folder) if name.isdigit()) if os.path.isdir(folder) else []
+  steps = checkpoint_steps(run_dir)
   if step not in steps:
     raise ConfigError(f"train.resume_step: {run_dir} has no checkpoint at step {step}; it has "
                       f"{', '.join(map(str, steps)) or 'none'}")
@@ -199,19 +199,11 @@ def _later_steps(run_dir, step):
   return later
 
 
-def _resume_from(run_dir, step):
-  """``train.resume_step``: continue checkpoint ``step`` rather than the latest (a damaged one);
-  checked here, before anything is written. The steps after it are set aside by the trainer
-  (``set_aside_later_steps``) once that step's state is restored, so a failed resume moves
-  nothing."""
-  _later_steps(run_dir, step)
-  return step
-
-
 def set_aside_later_steps(run_dir, step):
   """Move the checkpoint steps after ``step`` to RUN/checkpoints_set_aside/ (kept, never deleted:
   the resumed run saves those steps again, and Orbax never writes over a step), once step
-  ``step`` is restored; returns the moves. Process 0 moves; every process waits for it."""
+  ``step`` is restored (``train.resume_step``; checked with the run directory, before anything
+  is written). Process 0 moves; every process waits for it."""
   later = _later_steps(run_dir, step)
   moves = [(os.path.join(run_dir, "checkpoints", str(s)), os.path.join(run_dir, "checkpoints_set_aside", str(s)))
            for s in later]
@@ -223,7 +215,6 @@ def set_aside_later_steps(run_dir, step):
           f"{os.path.join(run_dir, 'checkpoints_set_aside')} (kept; the run saves those steps again)", file=sys.stderr)
   if moves and jax.process_count() > 1:
     multihost_utils.sync_global_devices("lpcjax: later checkpoint steps set aside")
-  return moves
 
 
 def check_resumable(run_dir, config):

@@ -6,19 +6,23 @@ rate with the best accuracy on the eval split (the trainer's held-out batches) c
 other seeds at that rate; the figures are test-split accuracies at the answers, so neither the
 training nor the choice of rate saw them. Tasks marked for length extrapolation are also scored
 at 2x and 4x the training length. The ``default`` group is the default job (``python train.py``)
-and its baselines at the default job's own rate, every seed.
+and its baselines at the default job's own rate, every seed. FoX's gate recipes (configs/mechanisms.py
+FOX_RECIPES) and the Transformer (Pro) without RoPE take a rate chosen for another model
+(``RATE_FROM``) and get a second table: the cells that decide FoX's gate recipe, with a verdict per
+cell against the Transformer (Pro) (docs/mechanisms.md, "FoX's gate recipe").
 
 After every run its figures go into the JSON (default benchmarks/results/mechanisms_<backend>.json);
 runs already there are skipped and a stopped run continues from its checkpoint, so an
 interrupted suite resumes where it stopped. ``--jobs 2`` runs two cells at a time, each in a
 worker process that imports JAX once and calls train.py's and eval.py's ``main`` for every run
 (the same code as the command lines, without a second of start-up per run). At the end (or
-with ``--report`` alone) the table goes into docs/mechanisms.md between its markers and the plots
+with ``--report`` alone) the tables go into docs/mechanisms.md between their markers and the plots
 into docs/mechanisms/.
 
   python benchmarks/mechanisms.py                       # everything, in priority order
   python benchmarks/mechanisms.py --groups overwrite delayed_id --jobs 2
-  python benchmarks/mechanisms.py --report              # table and plots from the JSON only
+  python benchmarks/mechanisms.py --report              # tables and plots from the JSON only
+  python benchmarks/mechanisms.py --groups delayed_id --models fox_pro_wide   # one gate recipe
 """
 
 import argparse
@@ -47,21 +51,30 @@ import mechanisms as suite  # noqa: E402  (configs/mechanisms.py: tasks, models,
 # group -> (task, models, lengths scored as multiples of the training length); in priority order.
 GROUPS = {
     "default": ("default", ["fox_pro", "fox", "transformer_pro", "fox_paper_init", "transformer"], (1,)),
-    "overwrite": ("overwrite", ["fox_pro", "transformer_pro", "transformer_pro_nope"], (1,)),
+    "overwrite": ("overwrite", ["fox_pro", "transformer_pro", "transformer_pro_nope", *suite.FOX_RECIPES], (1,)),
     # LPC-SM's ablations run on delayed_id_near only: at this gap the full model is near chance, so an
     # ablation of it here would decide nothing.
     "delayed_id": ("delayed_id", ["fox_pro", "lpcsm_full_window", "sith", "sith_delta", "transformer_pro",
-                                  "lpcsm", "lpcsm_mean_memory"], (1,)),
+                                  "lpcsm", "lpcsm_mean_memory", *suite.FOX_RECIPES, "transformer_pro_nope"], (1,)),
     "delayed_id_near": ("delayed_id_near", ["lpcsm", "sith", "sith_delta", "lpcsm_no_slow", "lpcsm_no_ont",
                                             "lpcsm_mean_memory", "lpcsm_full_window", "transformer_pro", "fox_pro",
-                                            "lpcsm_no_pc", "lpcsm_no_mhc", "lpcsm_no_stop", "lpcsm_fixed_ratio"], (1,)),
+                                            "lpcsm_no_pc", "lpcsm_no_mhc", "lpcsm_no_stop", "lpcsm_fixed_ratio",
+                                            *suite.FOX_RECIPES, "transformer_pro_nope"], (1,)),
     "delayed_id_repeat": ("delayed_id_repeat", ["sith", "sith_delta", "transformer_pro", "lpcsm"], (1,)),
-    "mqar": ("mqar", ["fox_pro", "transformer_pro", "fox", "transformer", "transformer_nope", "lpcsm"], (1, 2, 4)),
+    "mqar": ("mqar", ["fox_pro", "transformer_pro", "fox", "transformer", "transformer_nope", "lpcsm",
+                      *suite.FOX_RECIPES], (1, 2, 4)),
     "noisy_recall": ("noisy_recall", ["fox_pro", "transformer_pro"], (1,)),
     "fuzzy_recall": ("fuzzy_recall", ["fox_pro", "transformer_pro"], (1,)),
-    "selective_copy": ("selective_copy", ["fox_pro", "transformer_pro", "sith", "sith_delta"], (1,)),
+    "selective_copy": ("selective_copy", ["fox_pro", "transformer_pro", "sith", "sith_delta", *suite.FOX_RECIPES,
+                                          "transformer_pro_nope"], (1,)),
     "mqar_random": ("mqar_random", ["fox_pro", "transformer_pro"], (1,)),
 }
+# FoX's gate recipes (issue #59) run at the rate the sweep chose for FoX (Pro) on the same task,
+# every seed, without a sweep of their own: the grid's CPU budget (a rate sweep is 3 runs per
+# cell). A recipe whose best rate differs is at a disadvantage, which docs/mechanisms.md says. The
+# Transformer (Pro) without RoPE, the control of fox_pro_rope, likewise takes transformer_pro's rate
+# where it has no sweep of its own (overwrite has one).
+RATE_FROM = {**{name: "fox_pro" for name in suite.FOX_RECIPES}, "transformer_pro_nope": "transformer_pro"}
 # The default job's rows: overrides of `python train.py` (configs/fox_tiny_mqar.py), its own rate.
 DEFAULT_ROWS = {
     "fox_pro": [],
@@ -73,6 +86,13 @@ DEFAULT_ROWS = {
 DEFAULT_LR, DEFAULT_STEPS, DEFAULT_LEN = 1e-2, 500, 64
 TEST_SEQUENCES = 512
 MARKERS = ("<!-- mechanisms-table:start -->", "<!-- mechanisms-table:end -->")
+RECIPE_MARKERS = ("<!-- fox-recipes:start -->", "<!-- fox-recipes:end -->")
+# The cells that decide FoX's gate recipe (issue #59): (task, test length multiple, role). Recall:
+# level with the Transformer (Pro), worst seed against worst seed, within LEVEL; lead: FoX's
+# worst seed above the Transformer's best.
+RECIPE_CELLS = [("delayed_id", "1", "recall"), ("delayed_id_near", "1", "recall"), ("selective_copy", "1", "recall"),
+                ("overwrite", "1", "lead"), ("mqar", "4", "lead")]
+LEVEL = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +147,25 @@ def best_rate(runs, task, model, rates):
   return max(swept, key=score)["lr"]
 
 
+def chosen_rate(runs, task, model):
+  """The rate of the pair's runs: the default job's own, the best of the pair's own sweep, or,
+  for a model of ``RATE_FROM`` without a sweep of its own on the task, the rate chosen for its
+  source; None while the sweep that decides is incomplete."""
+  if task == "default":
+    return DEFAULT_LR
+  own = best_rate(runs, task, model, suite.LEARNING_RATES)
+  if own is not None or model not in RATE_FROM:
+    return own
+  return best_rate(runs, task, RATE_FROM[model], suite.LEARNING_RATES)
+
+
 def jobs_ready(runs, task, model, lengths, seeds):
-  """The pair's jobs that can run now: the sweep at seed 0, then the other seeds at its best rate."""
+  """The pair's jobs that can run now: the sweep at seed 0, then the other seeds at its best rate
+  (a model of ``RATE_FROM`` without a sweep of its own: every seed at its source's chosen rate,
+  once that is known)."""
+  if model in RATE_FROM and best_rate(runs, task, model, suite.LEARNING_RATES) is None:
+    lr = chosen_rate(runs, task, model)
+    return [] if lr is None else [Job(task, model, seed, lr, lengths) for seed in seeds]
   rates = (DEFAULT_LR,) if task == "default" else suite.LEARNING_RATES
   sweep = [Job(task, model, 0, lr, lengths) for lr in rates]
   if task == "default":
@@ -237,13 +274,14 @@ def cells(runs, seeds):
   for group, (task, models, _) in GROUPS.items():
     for model in models:
       rates = (DEFAULT_LR,) if task == "default" else suite.LEARNING_RATES
-      lr = DEFAULT_LR if task == "default" else best_rate(runs, task, model, rates)
+      lr = chosen_rate(runs, task, model)
       if lr is None:
         continue
       chosen = {seed: runs[Job(task, model, seed, lr, ()).name] for seed in seeds
                 if Job(task, model, seed, lr, ()).name in runs}
       if chosen:
-        sweep = {f"{r:g}": runs[Job(task, model, 0, r, ()).name]["val_accuracy"] for r in rates}
+        swept = {r: runs.get(Job(task, model, 0, r, ()).name) for r in rates}
+        sweep = {f"{r:g}": run and run["val_accuracy"] for r, run in swept.items()}
         table[(task, model)] = {"lr": lr, "seeds": chosen, "sweep": sweep}
   return table
 
@@ -319,18 +357,62 @@ def plot(table, out_dir):
     plt.close(fig)
 
 
+def recipe_verdict(recipe, baseline, role):
+  """Whether a recipe's seeds meet its cell's bar against the Transformer (Pro)'s: "level" for a
+  recall cell (worst seed within LEVEL of the Transformer's worst, or above), "lead" (worst
+  seed above the Transformer's best)."""
+  if role == "recall":
+    return "level" if min(recipe) >= min(baseline) - LEVEL else "behind"
+  return "lead" if min(recipe) > max(baseline) else "no lead"
+
+
+def recipe_markdown(runs, seeds):
+  """FoX's gate recipes against the Transformer (Pro) on the deciding cells: per cell and model the
+  test accuracy per seed at the model's rate, and per recipe whether it meets every bar."""
+  models = ["transformer_pro", "fox_pro", *suite.FOX_RECIPES, "transformer_pro_nope"]
+  lines = ["| task (test length) | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+  meets = {model: True for model in models[1:-1]}  # the last, the Transformer without RoPE, is a control
+  for task, multiple, role in RECIPE_CELLS:
+    row, baseline = [], None
+    for model in models:
+      lr = chosen_rate(runs, task, model)
+      found = [runs.get(Job(task, model, seed, lr, ()).name) for seed in seeds] if lr else []
+      if not found or None in found:
+        row.append("–")
+        if model in meets:
+          meets[model] = False  # not measured: no verdict
+        continue
+      accuracies = [run["test"][multiple]["accuracy"] for run in found]
+      text = " / ".join(f"{100 * a:.1f}" for a in accuracies) + f" (lr {lr:g})"
+      if model == "transformer_pro":
+        baseline = accuracies
+      elif baseline is not None and model in meets:
+        verdict = recipe_verdict(accuracies, baseline, role)
+        meets[model] = meets[model] and verdict in ("level", "lead")
+        text += f" **{verdict}**"
+      row.append(text)
+    lines.append(f"| {task} ({'L' if multiple == '1' else multiple + 'L'}, {role}) | " + " | ".join(row) + " |")
+  lines.append("| every bar met | – | " + " | ".join("**yes**" if meets[m] else "no" for m in meets) + " | – |")
+  return "\n".join(lines)
+
+
+def fill_between(page, markers, text, doc):
+  pattern = re.compile(re.escape(markers[0]) + ".*?" + re.escape(markers[1]), re.S)
+  if not pattern.search(page):
+    raise SystemExit(f"{doc} has no {markers[0]} ... {markers[1]} markers for the table")
+  return pattern.sub(lambda _: f"{markers[0]}\n{text}\n{markers[1]}", page)
+
+
 def write_report(runs, seeds, doc):
   table = cells(runs, seeds)
-  text = markdown(table, seeds)
-  print(text)
+  text, recipes = markdown(table, seeds), recipe_markdown(runs, seeds)
+  print(text + "\n\n" + recipes)
   plot(table, os.path.join(os.path.dirname(doc), "mechanisms"))
   with open(doc) as f:
     page = f.read()
-  pattern = re.compile(re.escape(MARKERS[0]) + ".*?" + re.escape(MARKERS[1]), re.S)
-  if not pattern.search(page):
-    raise SystemExit(f"{doc} has no {MARKERS[0]} ... {MARKERS[1]} markers for the table")
+  page = fill_between(fill_between(page, MARKERS, text, doc), RECIPE_MARKERS, recipes, doc)
   with open(doc, "w") as f:
-    f.write(pattern.sub(lambda _: f"{MARKERS[0]}\n{text}\n{MARKERS[1]}", page))
+    f.write(page)
 
 
 def main():

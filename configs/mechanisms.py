@@ -18,8 +18,12 @@ TASK (all 128 tokens, batch 32, vocabulary 256, scored only at the answers):
   selective_copy  MAD's selective copying (16 tokens among blanks)
 
 MODEL (d 64, 2 layers, 4 heads unless said; default fox):
-  fox, fox_pro                     FoX, LLaMA or Pro block, the T(b) gate init (timescales 1 to 128)
+  fox, fox_pro                     FoX, LLaMA or Pro block, the T(b) gate init (timescales 2 to 128)
   fox_paper_init                   FoX (LLaMA) with the paper's gate init (bias 0)
+  fox_pro_long, fox_pro_zero,      FoX (Pro) with other gate recipes (issue #59): T(b) from 32 to 512
+  fox_pro_gate_lr, fox_pro_wide,   tokens; the paper's bias 0; fox_pro's T(b) with the gate biases'
+  fox_pro_rope                     learning rate 10x the rest (train.lr_scales); T(b) from 2 to 4,096;
+                                   fox_pro with RoPE
   transformer, transformer_nope    LLaMA block with RoPE / without a positional encoding
   transformer_pro[_nope]           Pro block with RoPE / without a positional encoding
   lpcsm, lpcsm_no_{mhc,slow,pc,ont,stop}   LPC-SM (window 32, chunks of 16, memory 64) and its
@@ -40,6 +44,7 @@ import dataclasses
 
 from lpcjax.data import (DelayedIdConfig, FuzzyRecallConfig, MQARDataConfig, NoisyRecallConfig, OverwriteConfig,
                          SelectiveCopyConfig)
+from lpcjax.config import LRScaledTrainConfig
 from lpcjax.experiment import ConfigError, ExperimentConfig, TrainConfig
 from lpcjax.models import FoXConfig, LPCSMConfig, SITHConfig, TransformerConfig
 from lpcjax.models.lpcsm import LPCSMTrainConfig
@@ -66,8 +71,28 @@ TASKS = {
 
 _SIZE = dict(vocab_size=VOCAB, d_model=64, num_layers=2, num_heads=4)
 _DECODER = dict(_SIZE, mlp_multiple_of=64, tie_embeddings=True)
-# T(b): gate biases spread so that the heads' timescales 1 / (1 - f) run from 1 to 128 tokens.
+# T(b): gate biases spread so that the heads' timescales -1 / log f run from 2 to 128 tokens
+# (geometric over the 4 heads: 2, 8, 32, 128).
 _TIMESCALE_GATE = dict(gate_bias_init="timescale", gate_t_max=128)
+# The gate recipes of issue #59, each a FoX (Pro) beside fox_pro: T(b) with longer timescales
+# (32 to 512 tokens: a quarter of the training length to 4x it, lpcjax's default FoX recipe since
+# this grid), the paper's bias 0 (f = 0.5 at init), and the T(b) init of fox_pro with the gate
+# biases learning 10x faster (FOX_RECIPE_LR_SCALES).
+FOX_RECIPES = {
+    "fox_pro_long": dict(gate_bias_init="timescale", gate_t_min=32, gate_t_max=512),
+    "fox_pro_zero": dict(gate_bias_init="zero"),
+    "fox_pro_gate_lr": _TIMESCALE_GATE,
+    # From benchmarks/fox_gates.py: where FoX (Pro) recalls on delayed_id, a layer-0 head has opened
+    # far past the training length (T ~ 1,800); where it fails, that head closed from 128 to ~50 in
+    # the first 100 steps and never reopened. T(b) from 2 to 4,096 starts two heads of four past
+    # the training length (323 and 4,096 tokens) and keeps two short ones (2 and 25) for recency.
+    "fox_pro_wide": dict(gate_bias_init="timescale", gate_t_min=2, gate_t_max=4096),
+    # fox_pro with RoPE: the Transformer (Pro) it is compared with has RoPE and FoX has none, so
+    # this (and transformer_pro_nope on the same cells) separates what the gate costs from what
+    # positions buy.
+    "fox_pro_rope": dict(_TIMESCALE_GATE, use_rope=True),
+}
+FOX_RECIPE_LR_SCALES = {"fox_pro_gate_lr": ("forget_gate/proj/bias=10",)}
 _LPCSM = LPCSMConfig(**_DECODER, attention_window=32, chunk_size=16, memory_dim=64)
 LPCSM_ABLATIONS = {"no_mhc": "mhc", "no_slow": "slow_memory", "no_pc": "predictive_coding", "no_ont": "ont",
                    "no_stop": "stop_head"}
@@ -75,6 +100,7 @@ MODELS = {
     "fox": FoXConfig(**_DECODER, **_TIMESCALE_GATE),
     "fox_pro": FoXConfig(**_DECODER, **_TIMESCALE_GATE, block="pro"),
     "fox_paper_init": FoXConfig(**_DECODER),
+    **{name: FoXConfig(**_DECODER, **gate, block="pro") for name, gate in FOX_RECIPES.items()},
     "transformer": TransformerConfig(**_DECODER),
     "transformer_nope": TransformerConfig(**_DECODER, use_rope=False),
     "transformer_pro": TransformerConfig(**_DECODER, block="pro"),
@@ -100,6 +126,8 @@ def train_config(model_name, name):
   if model_name.startswith("lpcsm"):
     # LPC-SM's ratio logit must cross its range within a short run (configs/lpcsm.py explains the 10).
     return LPCSMTrainConfig(**shared, lr_scales=("ratio_logit=10",))
+  if model_name in FOX_RECIPE_LR_SCALES:
+    return LRScaledTrainConfig(**shared, lr_scales=FOX_RECIPE_LR_SCALES[model_name])
   return TrainConfig(**shared)
 
 

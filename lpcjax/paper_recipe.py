@@ -12,7 +12,7 @@ from lpcjax.data import TokenFileConfig
 from lpcjax.experiment import ExperimentConfig
 from lpcjax.models import FoXConfig, TransformerConfig
 
-TOKENS_PER_STEP = 32 * 16384
+TOKENS_PER_STEP = 32 * 16384  # 32 sequences of SEQ_LEN
 GI = 2 ** 30
 WARMUP_TOKENS = 256 * 2 ** 20  # 268,435,456
 # size -> (layers, d_model, FoX heads, peak lr, training tokens)
@@ -24,6 +24,13 @@ PAPER_SIZES = {
 # The official Transformer baselines use RoPE base 500000 at every size; so do the FoX configs
 # (where RoPE is off unless model.use_rope=true).
 ROPE_THETA = 500000.0
+SEQ_LEN = 16384
+# FoX's gate starts from lpcjax's default recipe, not the paper's bias 0: the T(b) init, the heads'
+# timescales geometric from a quarter of the training length to 4x it (docs/mechanisms.md, "FoX's
+# gate recipe": with bias 0, f = 0.5, every head of a small FoX stayed at a memory of 1-2 tokens
+# and learned none of the recall tasks; heads started short rarely open, heads started open close
+# where they must). model.gate_bias_init=zero gives the paper's init.
+FOX_GATE = dict(gate_bias_init="timescale", gate_t_min=SEQ_LEN / 4, gate_t_max=4.0 * SEQ_LEN)
 
 
 def paper_experiment(family, size, block="llama"):
@@ -38,7 +45,7 @@ def paper_experiment(family, size, block="llama"):
   common = dict(vocab_size=50257, d_model=d_model, num_layers=layers, block=block, dtype="bfloat16",
                 remat_policy="full", rope_theta=ROPE_THETA)
   if family == "fox":
-    model = FoXConfig(num_heads=heads, **common)
+    model = FoXConfig(num_heads=heads, **FOX_GATE, **common)
   elif size == "760m":  # the paper's 760M Transformer (LLaMA and Pro) uses fewer, wider heads
     model = TransformerConfig(num_heads=12, head_dim=128, **common)
   else:
@@ -46,7 +53,7 @@ def paper_experiment(family, size, block="llama"):
   steps = tokens // TOKENS_PER_STEP
   train = TrainConfig(steps=steps, learning_rate=lr, warmup_steps=WARMUP_TOKENS // TOKENS_PER_STEP,
                       log_every=50, eval_every=1000, eval_batches=16)
-  data = TokenFileConfig(seq_len=16384, batch_size=32)
+  data = TokenFileConfig(seq_len=SEQ_LEN, batch_size=32)
   suffix = "" if block == "llama" else f"_{block}"
   return ExperimentConfig(model=model, data=data, train=train, name=f"{family}{suffix}_{size}")
 

@@ -130,7 +130,7 @@ def test_a_family_owns_its_train_settings():
   # A plain TrainConfig (an experiment file's) becomes the family's class; another family's
   # setting is an error, not silently dropped.
   assert isinstance(C.ExperimentConfig(model=pmt.model, data=pmt.data, train=C.TrainConfig()).train, PMTTrainConfig)
-  with pytest.raises(C.ConfigError, match="train.lr_scales: the fox family's optimizer has no such setting"):
+  with pytest.raises(C.ConfigError, match="train.gate_patterns: the fox family's optimizer has no such setting"):
     C.ExperimentConfig(model=base().model, data=base().data, train=pmt.train)
 
 
@@ -141,8 +141,8 @@ def test_old_config_json_still_loads():
   del values["defined_in"]
   values["train"].update(lr_scales=[], gate_patterns=[], gate_adam_b2=0.95, gate_grad_clip=100.0)
   assert C.from_dict(values) == base()
-  values["train"]["lr_scales"] = ["ratio_logit=10"]
-  with pytest.raises(C.ConfigError, match="train.lr_scales: unknown key in saved config"):
+  values["train"]["gate_patterns"] = ["gate"]
+  with pytest.raises(C.ConfigError, match="train.gate_patterns: unknown key in saved config"):
     C.from_dict(values)
 
 

@@ -5,7 +5,7 @@ attention, the baselines) and ``fox`` (the same blocks with Forgetting Attention
 import dataclasses
 from typing import ClassVar, Optional
 
-from lpcjax.config import require, require_choice
+from lpcjax.config import LRScaledTrainConfig, require, require_choice
 from lpcjax.layers.attention import AttentionConfig
 from lpcjax.layers.forget_gate import GATE_VARIANTS
 from lpcjax.layers.mlp import MLPConfig, swiglu_hidden_size
@@ -128,4 +128,7 @@ class FoXConfig(GateFields, TransformerConfig):
 
 register(language_model_family("transformer", TransformerConfig, DecoderLM, init_cache=init_cache,
                                context_parallel=True))
-register(language_model_family("fox", FoXConfig, DecoderLM, init_cache=init_cache, context_parallel=True))
+# FoX's train section takes per-parameter learning-rate scales (train.lr_scales), e.g. a faster
+# gate bias: "forget_gate/proj/bias=10" (docs/mechanisms.md, the gate recipes).
+register(language_model_family("fox", FoXConfig, DecoderLM, init_cache=init_cache, context_parallel=True,
+                               train_config_cls=LRScaledTrainConfig))

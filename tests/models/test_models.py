@@ -203,3 +203,43 @@ def test_num_kv_heads_is_checked_in_one_line():
       cls(d_model=32, num_heads=4, num_kv_heads=0)
   assert FoXConfig(d_model=32, num_heads=4, num_kv_heads=2).attention_config().kv_heads == 2
   assert FoXConfig(d_model=32, num_heads=4).attention_config().kv_heads == 4
+
+
+def test_fox_gate_bias_learning_rate_scale_reaches_the_gate_bias_only():
+  """FoX's train section takes lr_scales (the gate recipes of docs/mechanisms.md): the rule
+  "forget_gate/proj/bias=10" multiplies the update of every layer's gate bias by 10 and leaves
+  every other update (the gate's own kernel included) as the plain optimizer's."""
+  from lpcjax.training.steps import make_optimizer, path_name
+  config = C.apply_overrides(C.load_experiment("mechanisms:delayed_id-fox_pro_gate_lr"), ["train.steps=10",
+                                                                                            "train.warmup_steps=0"])
+  assert config.train.lr_scales == ("forget_gate/proj/bias=10",)
+  params = models.get("fox").build(config.model).init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+  scaled, plain = make_optimizer(config.train), make_optimizer(dataclasses.replace(config.train, lr_scales=()))
+  updates = scaled.update(grads, scaled.init(params), params)[0]
+  reference = plain.update(grads, plain.init(params), params)[0]
+  paths = []
+  for (path, update), expected in zip(jax.tree_util.tree_leaves_with_path(updates), jax.tree.leaves(reference)):
+    name = path_name(path)
+    factor = 10.0 if "forget_gate/proj/bias" in name else 1.0
+    paths += [name] if factor != 1.0 else []
+    np.testing.assert_allclose(update, factor * expected, rtol=1e-6, err_msg=name)
+  assert paths == ["layers/attn/forget_gate/proj/bias/value"]
+
+
+def test_paper_fox_configs_start_the_gate_from_the_recipe_and_old_runs_keep_theirs():
+  """The paper configs use lpcjax's FoX gate recipe (T(b), timescales from a quarter of the
+  training length to 4x it; docs/fox.md says why); the paper's bias 0 is one override away, and
+  a run saved with it loads with it."""
+  from lpcjax.paper_recipe import PAPER_SIZES
+  for size in PAPER_SIZES:
+    config = paper_experiment("fox", size, "pro")
+    gate = config.model.gate_config()
+    length = config.data.seq_len
+    assert (gate.bias_init, gate.t_min, gate.t_max) == ("timescale", length / 4, 4 * length)
+  zero = C.apply_overrides(config, ["model.gate_bias_init=zero"])
+  assert C.from_dict(C.to_dict(zero)).model.gate_bias_init == "zero"
+  saved = C.to_dict(zero)
+  for name in ("gate_bias_init", "gate_t_min", "gate_t_max"):  # a config.json from before the fields
+    del saved["model"][name]
+  assert C.from_dict(saved).model.gate_config().bias_init == "zero"

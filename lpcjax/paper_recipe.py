@@ -27,7 +27,7 @@ ROPE_THETA = 500000.0
 SEQ_LEN = 16384
 # FoX's gate starts from lpcjax's default recipe, not the paper's bias 0: the T(b) init, the heads'
 # timescales geometric from a quarter of the training length to 4x it (docs/mechanisms.md, "FoX's
-# gate recipe": with bias 0, f = 0.5, every head of a small FoX stayed at a memory of 1-2 tokens
+# gate recipe": with bias 0, f = 0.5, every head of a small FoX stayed at a memory under 2.5 tokens
 # and learned none of the recall tasks; heads started short rarely open, heads started open close
 # where they must). model.gate_bias_init=zero gives the paper's init.
 FOX_GATE = dict(gate_bias_init="timescale", gate_t_min=SEQ_LEN / 4, gate_t_max=4.0 * SEQ_LEN)

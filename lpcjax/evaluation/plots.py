@@ -49,14 +49,19 @@ def plot_per_token(runs, path, window=64, log_x=False):
   for label, result, train_len in runs:
     curve = [np.nan if x is None else x for x in result["per_token_loss"]]
     positions, smooth = windowed_mean(curve, result["per_token_count"], window)
-    drawn |= bool(np.isfinite(smooth).any())
-    line, = ax.plot(positions, smooth, label=label, linewidth=1.4)
+    points = int(np.isfinite(smooth).sum())
+    drawn |= points > 0
+    # An evaluation no longer than a window or two gives a point or two: a bare line would not show.
+    line, = ax.plot(positions, smooth, "o-" if points < 3 else "-", label=label, linewidth=1.4)
     band = result.get("band")
     if band:  # mean +- standard error over sequences, per bin
       centers, mean, stderr = (np.array([np.nan if x is None else x for x in band[k]], np.float64)
                                for k in ("centers", "mean", "stderr"))
-      ax.fill_between(centers, mean - stderr, mean + stderr, color=line.get_color(), alpha=0.2, linewidth=0,
-                      step="mid")
+      if len(centers) > 1:
+        ax.fill_between(centers, mean - stderr, mean + stderr, color=line.get_color(), alpha=0.2, linewidth=0,
+                        step="mid")
+      else:  # one bin: a band of zero width would not show either
+        ax.errorbar(centers, mean, yerr=stderr, color=line.get_color(), capsize=4, linestyle="none")
     if train_len and train_len <= len(curve):  # a converted run's nominal 16k would set the x-axis
       ax.axvline(train_len, color=line.get_color(), linestyle=":", linewidth=1)
   if not drawn:

@@ -410,3 +410,19 @@ def test_a_flat_curve_is_labelled_by_its_values_not_an_offset(tmp_path):
   formatter = ax.yaxis.get_major_formatter()
   assert formatter.get_offset() == "" and all(label.startswith("1.0000") for label in formatter.format_ticks(
       ax.get_yticks()))
+
+
+def test_a_curve_of_one_window_is_drawn_as_a_point_with_its_error_bar(tmp_path):
+  """An evaluation as long as the window (the default job's 64 tokens) gives one point and one
+  bin: they must show (a marker and an error bar), not a line of zero length."""
+  import matplotlib.image
+  from lpcjax.evaluation.plots import plot_per_token
+  curve, counts = [None] * 64, [0] * 64
+  curve[10], counts[10], curve[40], counts[40] = 2.0, 3, 1.0, 1
+  band = {"centers": [32.5], "mean": [1.75], "stderr": [0.2]}
+  path = tmp_path / "one.png"
+  assert plot_per_token([("one", {"per_token_loss": curve, "per_token_count": counts, "band": band}, None)],
+                        str(path), window=64)
+  pixels = matplotlib.image.imread(str(path))[..., :3]
+  blue = np.abs(pixels - np.array([31, 119, 180]) / 255).max(axis=-1) < 0.08  # the line's colour, tab:blue
+  assert blue.sum() > 300, blue.sum()  # the legend's sample alone is ~60 pixels

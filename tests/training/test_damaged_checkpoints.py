@@ -169,3 +169,23 @@ def test_resume_step_needs_resume_and_an_existing_step(run, capsys):
                    "train.resume_step: continues a run from one of its checkpoints; pass --resume")
   one_line_refusal(capsys, train([*base, "train.resume_step=3", "--resume"]),
                    "train.resume_step:", "has no checkpoint at step 3; it has 2, 4")
+
+
+def test_a_closed_loop_error_printed_from_a_reads_thread_is_dropped_after_a_failed_restore():
+  """The late read's error reaches sys.excepthook when TensorStore prints it (PyErr_Print) from
+  its thread; after a failed restore that one error is dropped, any other still printed."""
+  script = """
+import asyncio, sys
+from lpcjax.training import checkpoint
+checkpoint._quiet_failed_reads()
+loop = asyncio.new_event_loop()
+loop.close()
+for call in (lambda: checkpoint._ClosedLoopGuard.original(loop, print), lambda: 1 / 0):
+  try:
+    call()
+  except Exception as error:
+    sys.excepthook(type(error), error, error.__traceback__)
+"""
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+  assert done.returncode == 0, done.stderr
+  assert "Event loop is closed" not in done.stderr and "ZeroDivisionError" in done.stderr

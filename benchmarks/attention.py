@@ -5,7 +5,11 @@ warm-up), TFLOP/s with causal FLOP counts (forward 0.5 * 4 * B * H * T^2 * D, ba
 that), and the compiled executable's memory (XLA memory analysis: temporaries + arguments +
 outputs of forward+backward). Ratios between rows come from the same run.
 
-Candidates: lpcjax pallas / triton (jax-triton) / xla / reference backends;
+Candidates: lpcjax pallas / triton (jax-triton) / xla / reference backends and "auto" (what
+the backend table picks here); ``*_pruned``: the same kernel with ``prune_epsilon`` at its default
+(e^-10; the row also gives the share of 128 x 64 tiles the bound lets it skip on these gates, give
+them a timescale with --gate-timescales); ``cudnn_nobias``: cuDNN's flash attention through
+``jax.nn.dot_product_attention``, causal, no gate (the floor of softmax attention on a GPU);
 ``dot_product_attention_bias``: jax.nn.dot_product_attention with the decay bias materialized
 as a [B, H, T, T] array (cuDNN where JAX picks it); ``pallas_mha_nobias``: JAX's Pallas causal
 flash attention without any bias and with lpcjax's tiles where it allows them, its own warps
@@ -16,9 +20,15 @@ there. Candidates for another platform are skipped (docs/kernels_tpu.md).
   python benchmarks/attention.py                       # GPU: T = 1k..32k, D = 64, 128, bf16
   python benchmarks/attention.py --impls pallas_tpu pallas_tpu_flash_nobias xla   # on a TPU
   python benchmarks/attention.py --seq-lens 256 512 --head-dims 64 --batch-tokens 1024 --dtype float32
+  python benchmarks/attention.py --seq-lens 16384 --head-dims 128 --gate-timescales 32 2048 \
+      --impls pallas pallas_pruned triton triton_pruned                # what pruning buys
+
+The PyTorch peers (fla, the official FoX kernel, SDPA) are timed on the same inputs by
+attention_peers.py (attention_inputs.py makes both).
 """
 
 import argparse
+import itertools
 import os
 import platform
 import statistics
@@ -26,22 +36,18 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from attention_inputs import TABLE_HEADER, attention_inputs, row_line, row_shape, timing_figures
 
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels import forgetting_attention
+from lpcjax.kernels.pruning import DEFAULT_EPSILON, skipped_tile_fraction
 
 REFERENCE_LIMIT_BYTES = 8 * 2**30  # the reference's [B, H, T, T] float32 logits must fit this
 
 
-def causal_flops(batch, heads, seq_len, head_dim):
-  forward = 0.5 * 4 * batch * heads * seq_len * seq_len * head_dim
-  return forward, forward * 3.5  # forward + backward (2.5x)
-
-
-def lpcjax_candidate(impl):
+def lpcjax_candidate(impl, prune_epsilon=None):
   def attend(q, k, v, log_f):
-    return forgetting_attention(q, k, v, log_f, impl=impl)
+    return forgetting_attention(q, k, v, log_f, impl=impl, prune_epsilon=prune_epsilon)
   return attend
 
 
@@ -78,14 +84,26 @@ def pallas_tpu_flash_nobias(q, k, v, log_f):
   return heads_major(o)
 
 
+def cudnn_nobias(q, k, v, log_f):
+  """cuDNN's fused flash attention through JAX, causal, without the gate: the cost floor of
+  softmax attention on this GPU."""
+  del log_f
+  return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+
+
 # name -> (function, the platform it needs or None)
 CANDIDATES = {
     "pallas": (lpcjax_candidate("pallas"), "gpu"),
+    "pallas_pruned": (lpcjax_candidate("pallas", DEFAULT_EPSILON), "gpu"),
     "pallas_tpu": (lpcjax_candidate("pallas_tpu"), "tpu"),
     "triton": (lpcjax_candidate("triton"), "gpu"),  # jax-triton (the [triton] extra)
+    "triton_pruned": (lpcjax_candidate("triton", DEFAULT_EPSILON), "gpu"),
     "xla": (lpcjax_candidate("xla"), None),
+    "xla_pruned": (lpcjax_candidate("xla", DEFAULT_EPSILON), None),
+    "auto": (lpcjax_candidate("auto"), None),
     "reference": (lpcjax_candidate("reference"), None),
     "dot_product_attention_bias": (dot_product_attention_bias, None),
+    "cudnn_nobias": (cudnn_nobias, "gpu"),
     "pallas_mha_nobias": (pallas_mha_nobias, "gpu"),
     "pallas_tpu_flash_nobias": (pallas_tpu_flash_nobias, "tpu"),
 }
@@ -101,16 +119,15 @@ def time_call(fn, args, iters):
   return statistics.median(times)
 
 
-def measure(name, batch, heads, seq_len, head_dim, dtype, iters):
+def measure(name, batch, heads, seq_len, head_dim, dtype, iters, gate_timescale=None):
   attend, platform = CANDIDATES[name]
   if platform is not None and jax.default_backend() != platform:
     return {"skipped": f"needs a {platform.upper()}"}
   if name in ("reference", "dot_product_attention_bias") and 4 * batch * heads * seq_len**2 > REFERENCE_LIMIT_BYTES:
     return {"skipped": "the materialized [T, T] array does not fit"}
-  rng = np.random.default_rng(0)
-  shape = (batch, seq_len, heads, head_dim)
-  q, k, v, do = (jnp.asarray(rng.normal(size=shape), dtype) for _ in range(4))
-  log_f = jnp.asarray(np.log(rng.uniform(0.9, 1.0, size=shape[:3])), jnp.float32)
+  inputs = attention_inputs(batch, seq_len, heads, head_dim, gate_timescale)
+  q, k, v, do = (jnp.asarray(inputs[key], dtype) for key in ("q", "k", "v", "do"))
+  log_f = jnp.asarray(inputs["log_f"])
   forward = jax.jit(attend)
 
   @jax.jit
@@ -125,10 +142,17 @@ def measure(name, batch, heads, seq_len, head_dim, dtype, iters):
     fwd_bwd_s = time_call(forward_backward, (q, k, v, log_f), iters)
   except Exception as error:  # a candidate that cannot run this shape is reported, not fatal
     return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
-  flops_fwd, flops_total = causal_flops(batch, heads, seq_len, head_dim)
-  return {"forward_ms": fwd_s * 1e3, "forward_backward_ms": fwd_bwd_s * 1e3,
-          "forward_tflops": flops_fwd / fwd_s / 1e12, "forward_backward_tflops": flops_total / fwd_bwd_s / 1e12,
+  return {**timing_figures(batch, heads, seq_len, head_dim, fwd_s, fwd_bwd_s),
           "memory_bytes": int(memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes)}
+
+
+def skipped_fraction(batch, heads, seq_len, head_dim, gate_timescale):
+  """The share of causal 128 x 64 tiles that pruning may skip on a row's inputs (the bound of
+  kernels/pruning.py, counted, not timed; one head)."""
+  inputs = attention_inputs(batch, seq_len, heads, head_dim, gate_timescale)
+  one_head = lambda x: jnp.asarray(x[:1, :, :1])
+  return skipped_tile_fraction(one_head(inputs["q"]), one_head(inputs["k"]), one_head(inputs["log_f"]),
+                               block_q=128, block_k=64)
 
 
 def main():
@@ -138,6 +162,8 @@ def main():
   parser.add_argument("--batch-tokens", type=int, default=32768, help="batch = max(1, batch_tokens // T)")
   parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim // head_dim")
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+  parser.add_argument("--gate-timescales", type=float, nargs="+", default=[None],
+                      help="gates of these decay times, in turn (attention_inputs.py; default: f uniform in [0.9, 1))")
   parser.add_argument("--impls", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
   parser.add_argument("--iters", type=int, default=10)
   parser.add_argument("--out", default=None)
@@ -145,28 +171,24 @@ def main():
 
   out = args.out or os.path.join(os.path.dirname(__file__), "results", f"attention_{jax.default_backend()}.json")
   rows = []
-  header = (f"{'D':>4} {'T':>6} {'candidate':>28} {'fwd ms':>9} {'fwd TF/s':>9} {'f+b ms':>9} {'f+b TF/s':>9} "
-            f"{'mem MiB':>9}")
-  print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  dtype {args.dtype}")
-  print(header)
-  for head_dim in args.head_dims:
-    for seq_len in args.seq_lens:
-      batch, heads = max(1, args.batch_tokens // seq_len), max(1, args.model_dim // head_dim)
-      for name in args.impls:
-        result = measure(name, batch, heads, seq_len, head_dim, jnp.dtype(args.dtype), args.iters)
-        rows.append({"candidate": name, "batch": batch, "heads": heads, "seq_len": seq_len,
-                     "head_dim": head_dim, **result})
-        if "forward_ms" in result:
-          print(f"{head_dim:>4} {seq_len:>6} {name:>28} {result['forward_ms']:>9.2f} {result['forward_tflops']:>9.2f} "
-                f"{result['forward_backward_ms']:>9.2f} {result['forward_backward_tflops']:>9.2f} "
-                f"{result['memory_bytes'] / 2**20:>9.1f}")
-        else:
-          print(f"{head_dim:>4} {seq_len:>6} {name:>28}   {result.get('skipped') or result.get('error')}")
-        # After every row: a run cut short keeps what it measured.
-        write_json_atomic(out, {
-            "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-            "jax_version": jax.__version__, "python": platform.python_version(), "dtype": args.dtype,
-            "flops": "causal: forward 0.5*4*B*H*T^2*D, forward+backward 3.5x forward", "rows": rows})
+  print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  dtype {args.dtype}  "
+        f"gate timescales {args.gate_timescales}")
+  print(TABLE_HEADER)
+  for gate_timescale, head_dim, seq_len in itertools.product(args.gate_timescales, args.head_dims, args.seq_lens):
+    batch, heads = row_shape(seq_len, head_dim, args.batch_tokens, args.model_dim)
+    for name in args.impls:
+      result = measure(name, batch, heads, seq_len, head_dim, jnp.dtype(args.dtype), args.iters, gate_timescale)
+      row = {"candidate": name, "batch": batch, "heads": heads, "seq_len": seq_len, "head_dim": head_dim,
+             "gate_timescale": gate_timescale, **result}
+      if name.endswith("_pruned") and "forward_ms" in result:
+        row["skipped_tile_fraction"] = skipped_fraction(batch, heads, seq_len, head_dim, gate_timescale)
+      rows.append(row)
+      print(row_line(row), flush=True)
+      # After every row: a run cut short keeps what it measured.
+      write_json_atomic(out, {
+          "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+          "jax_version": jax.__version__, "python": platform.python_version(), "dtype": args.dtype,
+          "flops": "causal: forward 0.5*4*B*H*T^2*D, forward+backward 3.5x forward", "rows": rows})
   print(f"wrote {out}")
 
 

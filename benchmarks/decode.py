@@ -16,9 +16,17 @@ chunk buffer) and SITH's (last H tokens, the L slots' and the chunk's keys and v
   python benchmarks/decode.py [--families fox transformer] [--prompt-lens 256 1024 4096] [--new-tokens 16]
   python benchmarks/decode.py --families lpcsm sith --prompt-lens 1024 4096 --new-tokens 64 \\
       --out benchmarks/results/decode_recurrent_cpu.json
+  python benchmarks/decode.py --config paper:fox_pro_125m --families fox --prompt-lens 4096 32768 \\
+      --batch-sizes 1 16 --new-tokens 64 --recompute-tokens 2      # the GPU figure: FoX (Pro) 125M
+
+--config takes the model of an experiment config (its family replaced by each of --families)
+instead of the small sizes below; tokens/s counts every row of the batch.
 """
 
 import argparse
+import dataclasses
+import itertools
+import os
 import time
 
 import jax
@@ -26,10 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 from results_file import write_results
 
+from lpcjax import experiment as config_lib
 from lpcjax import models
 from lpcjax.decoding import GREEDY, _decode_jit, _prefill_jit
 from lpcjax.models.sith import history_fill
 
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 SIZES = dict(vocab_size=50257, d_model=128, num_layers=4, num_heads=4)
 FAMILY_SIZES = {
     "fox": dict(mlp_multiple_of=64, tie_embeddings=True),
@@ -63,21 +73,22 @@ def forward_without_cache(name, model, prompt_len, new_tokens):
     start = prompt_len // config.chunk_len * config.chunk_len
 
     def window_forward(params, tokens):
-      padded = jnp.concatenate([jnp.full((1, config.history_len), history_fill(config), tokens.dtype), tokens], axis=1)
+      fill = jnp.full((tokens.shape[0], config.history_len), history_fill(config), tokens.dtype)
+      padded = jnp.concatenate([fill, tokens], axis=1)
       window = padded[:, start:start + config.window_len]  # padded position start = sequence position start - H
-      return jnp.argmax(model.apply(params, window)[0, prompt_len - start])
+      return jnp.argmax(model.apply(params, window)[:, prompt_len - start], axis=-1)
 
     return start + config.chunk_len, window_forward
   length = prompt_len + new_tokens
   if name == "lpcsm":
     length = -(-length // config.chunk_size) * config.chunk_size
-  return length, lambda p, x: jnp.argmax(model.apply(p, x)[0, prompt_len - 1])
+  return length, lambda p, x: jnp.argmax(model.apply(p, x)[:, prompt_len - 1], axis=-1)
 
 
-def measure(family, model, params, prompt_len, new_tokens, recompute_tokens):
+def measure(family, model, params, prompt_len, new_tokens, recompute_tokens, batch=1):
   max_len = prompt_len + new_tokens
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50257, (1, prompt_len)), jnp.int32)
-  lengths = jnp.asarray([prompt_len], jnp.int32)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50257, (batch, prompt_len)), jnp.int32)
+  lengths = jnp.full((batch,), prompt_len, jnp.int32)
   key = jax.random.PRNGKey(0)
   prefill = lambda: _prefill_jit(model, family.init_cache, family.prefill, GREEDY, max_len, None, None, params,
                                  tokens, None, lengths, key)
@@ -85,14 +96,14 @@ def measure(family, model, params, prompt_len, new_tokens, recompute_tokens):
   decode = lambda: _decode_jit(model, GREEDY, None, None, max_len, None, params, cache, first, key,
                                jnp.int32(new_tokens))[0]
   length, forward = forward_without_cache(family.name, model, prompt_len, new_tokens)
-  padded = jnp.zeros((1, max(length, prompt_len)), jnp.int32).at[:, :prompt_len].set(tokens)
+  padded = jnp.zeros((batch, max(length, prompt_len)), jnp.int32).at[:, :prompt_len].set(tokens)
   forward = jax.jit(forward)
   recompute = lambda: [forward(params, padded) for _ in range(recompute_tokens)][-1]
   prefill_s, decode_s, recompute_s = timed(prefill), timed(decode, repeats=3), timed(recompute)
-  cached, uncached = new_tokens / decode_s, recompute_tokens / recompute_s
-  return {"prompt_len": prompt_len, "new_tokens": new_tokens, "recompute_tokens": recompute_tokens,
+  cached, uncached = batch * new_tokens / decode_s, batch * recompute_tokens / recompute_s
+  return {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "recompute_tokens": recompute_tokens,
           "prefill_s": prefill_s, "cached_tokens_per_s": cached, "recompute_tokens_per_s": uncached,
-          "speedup": cached / uncached, "cache_bytes": cache_bytes(family, model.config, max_len)}
+          "speedup": cached / uncached, "cache_bytes": batch * cache_bytes(family, model.config, max_len)}
 
 
 def main():
@@ -101,26 +112,37 @@ def main():
   parser.add_argument("--new-tokens", type=int, default=16)
   parser.add_argument("--recompute-tokens", type=int, default=None, help="forwards timed (default: --new-tokens)")
   parser.add_argument("--families", nargs="+", default=["fox", "transformer"], choices=sorted(FAMILY_SIZES))
+  parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+  parser.add_argument("--config", default=None, help="an experiment config whose model to decode (e.g. "
+                      "paper:fox_pro_125m) instead of the small sizes")
   parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/decode_<backend>.json)")
   args = parser.parse_args()
 
   rows, sizes = [], {}
-  print(f"{'family':>12} {'prompt':>7} {'cached tok/s':>13} {'recompute tok/s':>16} {'speed-up':>9} "
+  print(f"{'family':>12} {'batch':>5} {'prompt':>7} {'cached tok/s':>13} {'recompute tok/s':>16} {'speed-up':>9} "
         f"{'prefill s':>10} {'cache MiB':>10}")
   for name in args.families:
     family = models.get(name)
-    sizes[name] = {**SIZES, **FAMILY_SIZES[name]}
-    config = family.config_cls(**sizes[name])
+    if args.config:
+      config = config_lib.apply_overrides(config_lib.load_experiment(args.config, CONFIG_DIR),
+                                          [f"model.family={name}"]).model
+      sizes[name] = dataclasses.asdict(config)
+    else:
+      sizes[name] = {**SIZES, **FAMILY_SIZES[name]}
+      config = family.config_cls(**sizes[name])
     model = family.build(config)
     example = jnp.zeros((1, getattr(config, "window_len", 64)), jnp.int32)
     params = jax.jit(model.init)(jax.random.PRNGKey(0), example)
-    for prompt_len in args.prompt_lens:
+    for batch, prompt_len in itertools.product(args.batch_sizes, args.prompt_lens):
       row = {"family": name, **measure(family, model, params, prompt_len, args.new_tokens,
-                                       args.recompute_tokens or args.new_tokens)}
+                                       args.recompute_tokens or args.new_tokens, batch)}
       rows.append(row)
-      print(f"{name:>12} {prompt_len:>7} {row['cached_tokens_per_s']:>13.1f} {row['recompute_tokens_per_s']:>16.2f} "
+      print(f"{name:>12} {batch:>5} {prompt_len:>7} {row['cached_tokens_per_s']:>13.1f} "
+            f"{row['recompute_tokens_per_s']:>16.2f} "
             f"{row['speedup']:>8.1f}x {row['prefill_s']:>10.2f} {row['cache_bytes'] / 2**20:>10.2f}", flush=True)
-  write_results("decode", {"models": sizes, "batch": 1, "rows": rows}, args.out)
+      figures = {"models": sizes, "config": args.config, "rows": rows}
+      path = write_results("decode", figures, args.out, quiet=True)  # row by row: a timeout keeps the rows done
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":

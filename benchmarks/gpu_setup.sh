@@ -1,5 +1,5 @@
 # Sourced by the scripts of a device session (gpu_check.sh, pmt_grid_gpu.sh): moves to the
-# checkout's root, sets $out (logs and JSON: $OUT, or benchmarks/results/) and $py, installs the
+# checkout's root, sets $out (logs and JSON: $OUT, or benchmarks/results/) and $py (python3, or $PY), installs the
 # wheels carried in .whl/ (benchmarks/gpu_wheels.sh; the device has no network) and lpcjax, and
 # records the machine in $out/gpu_env.txt.
 set -uo pipefail
@@ -7,8 +7,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-py=python3
-if compgen -G ".whl/*.whl" > /dev/null; then  # no network there: install what was carried
+py=${PY:-python3}
+# No network there: install what was carried, built for the device's Python 3.12 (a rehearsal
+# under another Python, PY=..., uses that environment's own packages).
+if compgen -G ".whl/*.whl" > /dev/null && $py -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
   $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi

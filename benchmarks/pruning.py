@@ -14,12 +14,12 @@ attention layer's q, k and log f are taken as they enter the kernel and scored p
 """
 
 import argparse
-import math
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from attention_inputs import timescale_log_f
 
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels.pruning import DEFAULT_EPSILON, skipped_tile_fraction
@@ -55,9 +55,7 @@ def random_gate_rows(args):
         f"epsilon={args.epsilon:.3g}")
   print(f"{'tau':>9} {'skipped tiles':>14}")
   for tau in args.timescales:
-    p = math.exp(-1 / tau)
-    bias = math.log(p) - math.log1p(-p)
-    log_f = jax.nn.log_sigmoid(jnp.asarray(bias + 0.5 * rng.normal(size=shape[:3]), jnp.float32))
+    log_f = jnp.asarray(timescale_log_f(rng, shape[:3], tau))
     fraction = skipped_tile_fraction(q, k, log_f, block_q=args.block_q, block_k=args.block_k,
                                      epsilon=args.epsilon)
     rows.append({"tau": tau, "skipped_fraction": fraction})

@@ -1,0 +1,83 @@
+"""The GPU session's scripts off the GPU: the shared inputs, the peers' float64 check (fla and
+PyTorch SDPA in Triton's interpreter, as gpu_check.sh's rehearsal runs them) and the report's
+ratios, on rows whose answer is known."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def benchmark_module(monkeypatch, name):
+  monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # their sibling imports
+  spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("tau", [32.0, 2048.0])
+def test_timescale_gates_decay_by_one_over_e_in_tau_steps(monkeypatch, tau):
+  inputs = benchmark_module(monkeypatch, "attention_inputs")
+  log_f = inputs.attention_inputs(2, 4096, 2, 8, gate_timescale=tau)["log_f"]
+  assert log_f.dtype == np.float32 and np.all(log_f < 0)
+  # the noise is symmetric around the bias, so the median gate is sigmoid(b) = exp(-1/tau)
+  np.testing.assert_allclose(np.median(log_f), -1 / tau, rtol=0.05)
+
+
+def row(candidate, ms, seq_len=16384, head_dim=128, tau=None, **extra):
+  return {"candidate": candidate, "seq_len": seq_len, "head_dim": head_dim, "gate_timescale": tau,
+          "forward_ms": ms / 3, "forward_backward_ms": ms, "forward_tflops": 1.0,
+          "forward_backward_tflops": 100.0 / ms, **extra}
+
+
+def test_report_ratios_are_time_ratios_against_the_best_gated_peer_the_floor_and_xla(monkeypatch, tmp_path):
+  report = benchmark_module(monkeypatch, "gpu_report")
+  ours = {"rows": [row("pallas", 10.0), row("xla", 40.0), row("cudnn_nobias", 5.0),
+                   {"candidate": "triton", "seq_len": 16384, "head_dim": 128, "error": "no jax-triton"}]}
+  peers = {"rows": [row("fla", 15.0), row("fox_official", 20.0), row("sdpa_flash", 4.0)]}
+  pruning = {"rows": [row("pallas", 10.0, tau=32.0), row("pallas_pruned", 4.0, tau=32.0, skipped_tile_fraction=0.8)]}
+  for name, content in (("attention_gpu_16k", ours), ("attention_peers_gpu_16k", peers),
+                        ("attention_pruning_gpu", pruning)):
+    (tmp_path / f"{name}.json").write_text(json.dumps(content))
+  archive = tmp_path / "gpu_results.tar"
+  with tarfile.open(archive, "w") as tar:  # the form a device session returns
+    for path in tmp_path.glob("*.json"):
+      tar.add(path, arcname=path.name)
+  monkeypatch.setattr(sys, "argv", ["gpu_report.py", str(archive), "--json", str(tmp_path / "ratios.json")])
+  report.main()
+  ratios = json.loads((tmp_path / "ratios.json").read_text())
+  pallas = next(r for r in ratios["attention"] if r["kernel"] == "pallas")
+  assert pallas["best_peer"] == "fla"
+  assert pallas["vs_best_peer"] == pytest.approx(1.5)  # fla 15 ms / pallas 10 ms
+  assert pallas["vs_cudnn_floor"] == pytest.approx(0.5)
+  assert pallas["vs_xla"] == pytest.approx(4.0)
+  assert [r["kernel"] for r in ratios["attention"]] == ["pallas", "xla"]  # the errored triton row has none
+  (pruned,) = ratios["pruning"]
+  assert pruned["speedup"] == pytest.approx(2.5) and pruned["skipped_tile_fraction"] == 0.8
+
+
+def test_peers_agree_with_float64_in_the_triton_interpreter(tmp_path):
+  pytest.importorskip("torch", reason="needs torch: pip install -e '.[peer]'")
+  pytest.importorskip("fla", reason="needs flash-linear-attention: pip install -e '.[peer]'")
+  out = tmp_path / "peers.json"
+  # a fresh process: the interpreter must be switched on before triton is first imported
+  subprocess.run([sys.executable, str(REPO / "benchmarks" / "attention_peers.py"), "--interpret", "--dtype",
+                  "float16", "--seq-lens", "64", "--head-dims", "32", "--batch-tokens", "64", "--model-dim", "64",
+                  "--iters", "1", "--check-len", "48", "--impls", "fla", "fox_official", "sdpa_flash",
+                  "--official", str(tmp_path / "absent.py"), "--out", str(out)],
+                 check=True, capture_output=True, cwd=tmp_path)
+  result = json.loads(out.read_text())
+  fla, sdpa = result["checks"]["fla"], result["checks"]["sdpa_flash"]
+  assert set(fla) == {"o", "dq", "dk", "dv", "dlog_f"} and max(fla.values()) < 3e-3  # float16 inputs
+  assert set(sdpa) == {"o", "dq", "dk", "dv"} and max(sdpa.values()) < 3e-3
+  assert "no official kernel at" in result["checks"]["fox_official"]["error"]
+  timed = {r["candidate"]: r for r in result["rows"]}
+  assert timed["fla"]["forward_backward_ms"] > 0 and "no official kernel" in timed["fox_official"]["skipped"]

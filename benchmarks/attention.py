@@ -5,7 +5,7 @@ warm-up), TFLOP/s with causal FLOP counts (forward 0.5 * 4 * B * H * T^2 * D, ba
 that), and the compiled executable's memory (XLA memory analysis: temporaries + arguments +
 outputs of forward+backward). Ratios between rows come from the same run.
 
-Candidates: lpcjax pallas / triton (jax-triton) / xla / reference backends and "auto" (what
+Candidates: lpcjax pallas / triton (jax-triton) / mosaic_gpu (Hopper) / xla / reference backends and "auto" (what
 the backend table picks here); ``*_pruned``: the same kernel with ``prune_epsilon`` at its default
 (e^-10; the row also gives the share of 128 x 64 tiles the bound lets it skip on these gates, give
 them a timescale with --gate-timescales); ``cudnn_nobias``: cuDNN's flash attention through
@@ -98,6 +98,7 @@ CANDIDATES = {
     "pallas_tpu": (lpcjax_candidate("pallas_tpu"), "tpu"),
     "triton": (lpcjax_candidate("triton"), "gpu"),  # jax-triton (the [triton] extra)
     "triton_pruned": (lpcjax_candidate("triton", DEFAULT_EPSILON), "gpu"),
+    "mosaic_gpu": (lpcjax_candidate("mosaic_gpu"), "gpu"),  # Hopper, jax >= 0.11
     "xla": (lpcjax_candidate("xla"), None),
     "xla_pruned": (lpcjax_candidate("xla", DEFAULT_EPSILON), None),
     "auto": (lpcjax_candidate("auto"), None),

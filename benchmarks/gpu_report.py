@@ -96,7 +96,8 @@ def check_table(results):
     errors = [(e, row["case"], name) for row in mine for name, e in row.get("errors", {}).items()]
     worst = max(errors) if errors else None
     crashed = [row["case"] for row in mine if "error" in row]
-    lines.append(f"| {impl} | {sum(row['passed'] for row in mine)} of {len(mine)} | "
+    ran = [row for row in mine if row["passed"] is not None]
+    lines.append(f"| {impl} | {sum(row['passed'] for row in ran)} of {len(ran)} | "
                  + (f"{worst[0]:.1e} ({worst[1]}, {worst[2]})" if worst else "–")
                  + (f"; crashed: {', '.join(crashed)}" if crashed else "") + " |")
   return lines

@@ -4,7 +4,7 @@ This folder is installed as ``lpcjax.kernels`` (see pyproject.toml); import it b
 """
 
 # Each backend's file registers it in the table (backends.py); importing them fills the table.
-from . import pallas_gpu, pallas_tpu, reference, triton_backend, xla_blockwise  # noqa: F401
+from . import mosaic_gpu, pallas_gpu, pallas_tpu, reference, triton_backend, xla_blockwise  # noqa: F401
 from .api import available_impls, forgetting_attention, register_backend
 from .backends import Backend, PairKernels, ordered_backends, platform_problem, resolve, source_of, unsupported
 from .block_sizes import BlockSizes

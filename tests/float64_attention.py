@@ -51,6 +51,16 @@ def forgetting_attention_float64(q, k, v, log_f, do, segment_ids=None, window=No
   return o, dq, dk, dv, dlog_f
 
 
+def grouped_forgetting_attention_float64(q, k, v, log_f, do, segment_ids=None, window=None):
+  """The same for k, v with fewer heads than q (grouped-query: query head h reads head h // G):
+  K/V repeated to the query heads, their gradients summed back over each group."""
+  group = q.shape[2] // k.shape[2]
+  repeat = lambda x: np.repeat(x, group, axis=2)
+  o, dq, dk, dv, dlog_f = forgetting_attention_float64(q, repeat(k), repeat(v), log_f, do, segment_ids, window)
+  fold = lambda dx: dx.reshape(*dx.shape[:2], -1, group, dx.shape[-1]).sum(axis=3)
+  return o, dq, fold(dk), fold(dv), dlog_f
+
+
 def long_context_inputs(seed, batch, seq_len, heads, head_dim, log_f_range=(-4.0, -1.0),
                         c_offset=0.0, dtype=np.float32):
   """q, k, v, dO normal; log f uniform in ``log_f_range``; log f at position 0 lowered by

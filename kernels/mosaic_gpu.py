@@ -1,0 +1,466 @@
+"""Forgetting attention for Hopper (sm_90) in Pallas Mosaic GPU: ``impl="mosaic_gpu"``.
+
+The GPU path JAX now maintains (Pallas' Triton lowering is deprecated): both matmuls of every
+tile on wgmma with operands in shared memory, tiles brought in by TMA bulk copies into a ring of
+SMEM stages completed on mbarriers, and, in the forward, warpgroup specialization: one memory
+warpgroup issues the K/V/c copies while two compute warpgroups (64 query rows each, 128 per CTA)
+run the online softmax. docs/kernels_mosaic_gpu.md has the design, the budgets and the limits.
+
+Same algorithm and contracts as pallas_gpu.py (the ``GpuKernels`` of gpu_calls.py, through the
+shared custom_vjp of vjp.py): base-2 logits, c = cumsum log f as decay.py's two float32 parts
+whose difference (hi_i - hi_j) + (lo_i - lo_j) is built in the accumulator's layout from a row
+vector and a column vector (never a [T, T] array), then scaled by log2 e; the forward writes o
+and the base-2 lse; the backward runs a dQ kernel per query block and a dK/dV/dc kernel per key
+block (dc_j = -sum_i dS_ij), and for bf16/fp16 a row-term kernel (delta) on the dQ kernel's
+tiles (row_term.py). Causal, segment ids (hard cuts arrive as segments, checks.py), sliding
+windows (masked, and the sweeps start and end where the band does), grouped-query attention
+(the kernels pick K/V head h // G; dK/dV are written per query head and summed per group).
+
+Pruning (``prune_epsilon``): a tile whose decay bounds its weight below the threshold
+(pruning.py, on the high parts of c) is skipped by a ``lax.cond`` around its two matmuls; the
+three kernels run the same 64 x 64 tiles, so the backward skips the forward's tiles. Not yet: the
+context-parallel ring (no pair kernels), float32 inputs (wgmma has no full-precision float32),
+head dims other than 64 and 128. On one device the kernels read heads-major copies
+[B*H, T, D] of q, k, v, dO (TMA tiles are 2-D boxes of one head): the transposes cost HBM
+traffic that a 4-D tensor map would avoid.
+
+Tested on CPU in JAX's Mosaic GPU interpreter (``interpret=True``: jax >= 0.11.2's
+``InterpretGPUParams``; ``DETECT_RACES`` turns on its race detector), which simulates SMEM,
+TMA, barriers and wgmma but not their layouts or timing; what it cannot show is in the docs.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .backends import Backend, register_backend
+from .block_sizes import BlockSizes
+from .gpu_calls import LOG2_E, GpuKernels, Shapes, grad_scale, single_device
+
+try:  # Mosaic GPU's Pallas API as this module uses it is jax >= 0.11's
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  _AVAILABLE = hasattr(plgpu, "InterpretGPUParams") and hasattr(plgpu, "emit_pipeline_warp_specialized")
+except ImportError:  # pragma: no cover
+  plgpu, _AVAILABLE = None, False
+
+HEAD_DIMS = (64, 128)
+DTYPES = ("bfloat16", "float16")
+WG_ROWS = 64  # query rows per compute warpgroup: wgmma's M
+COMPUTE_WGS = 2  # the forward's compute warpgroups (a third issues the copies)
+TILES = BlockSizes(block_q=WG_ROWS * COMPUTE_WGS, block_k=64, block_q_dkv=64, block_k_dkv=64,
+                   block_q_dq=64, block_k_dq=64)
+STAGES = 2  # SMEM stages of the K/V ring
+DETECT_RACES = False  # the interpreter's race detector (tests turn it on)
+
+
+def available():
+  return _AVAILABLE
+
+
+def on_gpu():
+  return jax.default_backend() == "gpu"
+
+
+def check_runnable(interpret):
+  if not interpret and not on_gpu():
+    raise ValueError("forgetting_attention: impl='mosaic_gpu' needs a Hopper GPU; on CPU pass "
+                     "interpret=True (slow, for tests, jax >= 0.11.2) or use impl='xla'")
+
+
+def fit_block_sizes(block_sizes, seq_len, head_dim):
+  """The kernels' fixed tiles (their shapes follow wgmma's and the warpgroups'); other sizes
+  are refused in one line."""
+  del seq_len, head_dim
+  if block_sizes is not None and block_sizes.fitted(1 << 30) != TILES.fitted(1 << 30):
+    raise ValueError(f"forgetting_attention: impl='mosaic_gpu' runs fixed tiles {TILES}; got {block_sizes}")
+  return TILES
+
+
+def _interpret(static):
+  return plgpu.InterpretGPUParams(detect_races=DETECT_RACES) if static.interpret else None
+
+
+def _smem_tiles(columns, dtype):
+  """Tiling and swizzle of an SMEM tile with ``columns`` elements per row (wgmma's operand
+  layout: 128-byte swizzle where a row is that wide)."""
+  itemsize = jnp.dtype(dtype).itemsize
+  swizzle = plgpu.find_swizzle(columns * itemsize * 8)
+  return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+
+
+def _matmul(a, b, shape):
+  """a @ b of two SMEM operands (b may be a transposed view) into a fresh float32 accumulator."""
+  def run(acc):
+    plgpu.wgmma(acc, a, b)
+    return acc[...]
+  return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def _rows(ref, axis):
+  """A per-position vector from SMEM in the accumulator's row (``axis`` 0) or column layout."""
+  return plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(1 - axis))
+
+
+def _across(x, shape, axis):
+  return lax.broadcast_in_dim(x, shape, [axis])
+
+
+class _Positions:
+  """One side of a tile (its rows, ``axis`` 0, or columns, 1): first position and the SMEM
+  vectors of c's two parts and the segment ids."""
+
+  def __init__(self, start, hi, lo, seg, axis):
+    self.start, self.axis = start, axis
+    self.hi, self.lo, self.seg = _rows(hi, axis), _rows(lo, axis), _rows(seg, axis)
+
+
+def _logits2(scores, queries, keys, scale2, window):
+  """Base-2 logits of a tile, -inf where masked: (scale q.k + c_i - c_j) log2 e, c_i - c_j from
+  the two parts (decay.py), causal, same segment, inside the window."""
+  shape = scores.shape
+  q_of = lambda x: _across(x, shape, queries.axis)
+  k_of = lambda x: _across(x, shape, keys.axis)
+  decay = (q_of(queries.hi) - k_of(keys.hi)) + (q_of(queries.lo) - k_of(keys.lo))
+  s = scores * scale2 + decay * LOG2_E
+  layout = plgpu.Layout.WGMMA
+  i = plgpu.broadcasted_iota(jnp.int32, shape, queries.axis, layout=layout) + queries.start
+  j = plgpu.broadcasted_iota(jnp.int32, shape, keys.axis, layout=layout) + keys.start
+  visible = (i >= j) & (q_of(queries.seg) == k_of(keys.seg))
+  if window is not None:
+    visible &= i - j < window
+  return jnp.where(visible, s, -jnp.inf)
+
+
+def _prunable(queries, keys, thr):
+  """Whether pruning may skip a tile (pruning.py's bound on the high parts of c; a tile holding
+  a diagonal element never passes it). ``thr``: the threshold as a vector of equal entries."""
+  return jnp.max(queries.hi) - jnp.min(keys.hi) < jnp.max(thr)
+
+
+def _unless_pruned(prune, queries, keys, thr, update, carry):
+  """``update(carry)``, or ``carry`` when pruning is on and may skip the tile."""
+  if not prune:
+    return update(carry)
+  return lax.cond(_prunable(queries, keys, thr), lambda carry: carry, update, carry)
+
+
+def _key_range(first_row, rows, block, window):
+  """[first, end) key blocks that rows [first_row, first_row + rows) may see."""
+  end = pl.cdiv(first_row + rows, block)
+  first = 0 if window is None else jnp.maximum(first_row - window + 1, 0) // block
+  return first, end
+
+
+def _query_range(first_key, keys, block, num_blocks, window):
+  """[first, end) query blocks that see any of keys [first_key, first_key + keys)."""
+  first = first_key // block
+  end = num_blocks if window is None else jnp.minimum(num_blocks, pl.cdiv(first_key + keys - 1 + window, block))
+  return first, end
+
+
+def _from_block(first, shape, transforms=()):
+  """The spec of block j + ``first`` of a [T, ...] operand: a sweep that starts at block ``first``."""
+  return plgpu.BlockSpec(shape, lambda j: (j + first,) + (0,) * (len(shape) - 1), transforms=transforms)
+
+
+def _key_specs(first, block, head_dim, tile):
+  """K, V tiles and the columns' c hi, c lo and ids, from key block ``first`` on."""
+  return ([_from_block(first, (block, head_dim), tile)] * 2 + [_from_block(first, (block,))] * 3)
+
+
+def _kv_head(bh, heads, group):
+  """The K/V row (of [B * H_kv, ...]) that query row bh (of [B * HQ, ...]) reads."""
+  return (bh // heads) * (heads // group) + (bh % heads) // group
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window, prune, interpret):
+  """o [BH, T, D] and base-2 lse [BH, T] from heads-major q [BH, T, D], k, v [BH/G, T, D] and
+  the per-position vectors [BH, T]."""
+  bh_count, seq_len, head_dim = q.shape
+  bq, bk = WG_ROWS, TILES.block_k
+  tile, p_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
+
+  def body(q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, o_ref, lse_ref,
+           q_s, o_s, p_s, rows_s, lse_s, q_bar):
+    bh, block, wg = lax.axis_index("bh"), lax.axis_index("q"), lax.axis_index("wg")
+    cta_first = block * (COMPUTE_WGS * bq)
+    first, end = _key_range(cta_first, COMPUTE_WGS * bq, bk, window)
+
+    def compute_context(run_pipeline):  # on each compute warpgroup: its 64 rows
+      row0 = cta_first + wg * bq
+      rows = pl.ds(row0, bq)
+      plgpu.copy_gmem_to_smem(q_ref.at[bh, rows], q_s.at[wg], q_bar.at[wg])
+      for i, ref in enumerate((hi_ref, lo_ref, seg_ref, thr_ref)):
+        plgpu.copy_gmem_to_smem(ref.at[bh, rows], rows_s.at[wg, i], q_bar.at[wg])
+      plgpu.barrier_wait(q_bar.at[wg])
+      row_layout = plgpu.Layout.WGMMA.reduce(1)
+      init = (plgpu.layout_cast(jnp.zeros((bq, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+              plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), row_layout),
+              plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_layout))
+      acc, m, l = run_pipeline(init)
+      o_s.at[wg][...] = (acc / _across(l, acc.shape, 0)).astype(o_s.dtype)  # every row sees itself: l >= 1
+      lse_s.at[wg][...] = m + jnp.log2(l)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_s.at[wg], o_ref.at[bh, rows])
+      plgpu.copy_smem_to_gmem(lse_s.at[wg], lse_ref.at[bh, rows])
+      plgpu.wait_smem_to_gmem(0)
+
+    def step(index, k_s, v_s, k_hi, k_lo, k_seg, carry):
+      row0, k0 = cta_first + wg * bq, (index[0] + first) * bk
+      queries = _Positions(row0, rows_s.at[wg, 0], rows_s.at[wg, 1], rows_s.at[wg, 2], axis=0)
+      keys = _Positions(k0, k_hi, k_lo, k_seg, axis=1)
+
+      def tile_update(carry):
+        acc, m, l = carry
+        s = _logits2(_matmul(q_s.at[wg], k_s.T, (bq, bk)), queries, keys, scale2, window)
+        m_new = jnp.maximum(m, s.max(axis=1))
+        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with no key seen yet stay at zero
+        p = jnp.exp2(s - _across(m_safe, s.shape, 0))
+        alpha = jnp.exp2(m - m_safe)
+        p_s.at[wg][...] = p.astype(p_s.dtype)  # P through SMEM: wgmma's A operand
+        plgpu.commit_smem()
+        pv = _matmul(p_s.at[wg], v_s, (bq, head_dim))
+        return acc * _across(alpha, acc.shape, 0) + pv, m_new, l * alpha + p.sum(axis=1)
+
+      # blocks wholly right of this warpgroup's diagonal, or left of its window, are skipped,
+      # and so are those pruning may skip
+      seen = k0 < row0 + bq
+      if window is not None:
+        seen &= k0 + bk - 1 > row0 - window
+      if prune:
+        seen &= jnp.logical_not(_prunable(queries, keys, _rows(rows_s.at[wg, 3], 0)))
+      return lax.cond(seen, tile_update, lambda carry: carry, carry)
+
+    kv_row = _kv_head(bh, heads, group)
+    plgpu.emit_pipeline_warp_specialized(
+        step, grid=(end - first,), memory_registers=40, wg_axis="wg", num_compute_wgs=COMPUTE_WGS,
+        max_concurrent_steps=STAGES, compute_context=compute_context, in_specs=_key_specs(first, bk, head_dim, tile),
+    )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
+
+  return plgpu.kernel(
+      body, out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
+      scratch_types=[plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q
+                     plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # o
+                     plgpu.SMEM((COMPUTE_WGS, bq, bk), q.dtype, transforms=p_tile),  # P
+                     plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, c lo, ids, threshold
+                     plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),  # lse
+                     plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)],
+      grid=(bh_count, seq_len // (COMPUTE_WGS * bq)), grid_names=("bh", "q"),
+      num_threads=COMPUTE_WGS + 1, thread_name="wg", interpret=interpret,
+  )(q, k, v, c_hi, c_lo, seg, thr)
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
+                      prune, interpret, row_term):
+  """Per query block of 64 rows, over its key blocks: dq [BH, T, D] (times ``sm_scale``), or
+  with ``row_term`` delta_i = sum_j P_ij dP_ij [BH, T] (``delta`` is then unused)."""
+  bh_count, seq_len, head_dim = q.shape
+  bq, bk = TILES.block_q_dq, TILES.block_k_dq
+  tile, ds_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
+
+  def body(q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, out_ref,
+           q_s, do_s, rows_s, ds_s, out_s, bar):
+    bh, block = lax.axis_index("bh"), lax.axis_index("q")
+    row0 = block * bq
+    rows = pl.ds(row0, bq)
+    plgpu.copy_gmem_to_smem(q_ref.at[bh, rows], q_s, bar)
+    plgpu.copy_gmem_to_smem(do_ref.at[bh, rows], do_s, bar)
+    for i, ref in enumerate((hi_ref, lo_ref, seg_ref, lse_ref, delta_ref, thr_ref)):
+      plgpu.copy_gmem_to_smem(ref.at[bh, rows], rows_s.at[i], bar)
+    plgpu.barrier_wait(bar)
+    queries = _Positions(row0, rows_s.at[0], rows_s.at[1], rows_s.at[2], axis=0)
+    lse2, delta_rows = _rows(rows_s.at[3], 0), _rows(rows_s.at[4], 0)
+    first, end = _key_range(row0, bq, bk, window)
+
+    def step(index, k_s, v_s, k_hi, k_lo, k_seg, carry):
+      keys = _Positions((index[0] + first) * bk, k_hi, k_lo, k_seg, axis=1)
+
+      def tile_update(carry):
+        s = _logits2(_matmul(q_s, k_s.T, (bq, bk)), queries, keys, scale2, window)
+        p = jnp.exp2(s - _across(lse2, s.shape, 0))
+        dp = _matmul(do_s, v_s.T, (bq, bk))
+        if row_term:
+          return carry + (p * dp).sum(axis=1)
+        ds = p * (dp - _across(delta_rows, s.shape, 0))
+        ds_s[...] = ds.astype(ds_s.dtype)
+        plgpu.commit_smem()
+        return carry + _matmul(ds_s, k_s, (bq, head_dim))
+
+      # the forward's tiles: the same skips
+      return _unless_pruned(prune, queries, keys, _rows(rows_s.at[5], 0), tile_update, carry)
+
+    kv_row = _kv_head(bh, heads, group)
+    init = jnp.zeros((bq,) if row_term else (bq, head_dim), jnp.float32)
+    result = plgpu.emit_pipeline(
+        step, grid=(end - first,), max_concurrent_steps=STAGES, init_carry=init,
+        in_specs=_key_specs(first, bk, head_dim, tile),
+    )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
+    out_s[...] = result if row_term else (result * sm_scale).astype(out_s.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_s, out_ref.at[bh, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+  out = (jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32) if row_term
+         else jax.ShapeDtypeStruct(q.shape, q.dtype))
+  out_smem = plgpu.SMEM((bq,), jnp.float32) if row_term else plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile)
+  return plgpu.kernel(
+      body, out_type=out,
+      scratch_types=[plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # q
+                     plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # dO
+                     plgpu.SMEM((6, bq), jnp.float32),  # the rows' c hi, c lo, ids, lse, delta, threshold
+                     plgpu.SMEM((bq, bk), q.dtype, transforms=ds_tile),  # dS
+                     out_smem, plgpu.Barrier(num_arrivals=8)],
+      grid=(bh_count, seq_len // bq), grid_names=("bh", "q"), interpret=interpret,
+  )(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta)
+
+
+def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
+                    prune, interpret, share_dtype):
+  """Per key block of 64 keys and query head, over the query blocks that see it: that head's
+  shares of dK (times ``sm_scale``) and dV [BH, T, D] in ``share_dtype``, and dc [BH, T]."""
+  bh_count, seq_len, head_dim = q.shape
+  bq, bk = TILES.block_q_dkv, TILES.block_k_dkv
+  tile, t_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bq, q.dtype)
+  out_tile = _smem_tiles(head_dim, share_dtype)
+
+  def body(q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+           dc_ref, k_s, v_s, cols_s, p_s, ds_s, out_s, dc_s, bar):
+    bh, block = lax.axis_index("bh"), lax.axis_index("k")
+    k0 = block * bk
+    cols = pl.ds(k0, bk)
+    kv_row = _kv_head(bh, heads, group)
+    plgpu.copy_gmem_to_smem(k_ref.at[kv_row, cols], k_s, bar)
+    plgpu.copy_gmem_to_smem(v_ref.at[kv_row, cols], v_s, bar)
+    for i, ref in enumerate((hi_ref, lo_ref, seg_ref, thr_ref)):
+      plgpu.copy_gmem_to_smem(ref.at[bh, cols], cols_s.at[i], bar)
+    plgpu.barrier_wait(bar)
+    # S^T: the keys are the tile's rows (axis 0), the queries its columns
+    keys = _Positions(k0, cols_s.at[0], cols_s.at[1], cols_s.at[2], axis=0)
+    first, end = _query_range(k0, bk, bq, seq_len // bq, window)
+
+    def step(index, q_s, do_s, q_hi, q_lo, q_seg, q_lse, q_delta, carry):
+      queries = _Positions((index[0] + first) * bq, q_hi, q_lo, q_seg, axis=1)
+
+      def tile_update(carry):
+        dk, dv, dc = carry
+        s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, scale2, window)
+        p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
+        p_s[...] = p_t.astype(p_s.dtype)
+        plgpu.commit_smem()
+        dv = dv + _matmul(p_s, do_s, (bk, head_dim))  # dV += P^T dO
+        dp_t = _matmul(v_s, do_s.T, (bk, bq))  # dP^T = V dO^T
+        ds_t = p_t * (dp_t - _across(_rows(q_delta, 1), s_t.shape, 1))
+        ds_s[...] = ds_t.astype(ds_s.dtype)
+        plgpu.commit_smem()
+        return dk + _matmul(ds_s, q_s, (bk, head_dim)), dv, dc - ds_t.sum(axis=1)
+
+      return _unless_pruned(prune, queries, keys, _rows(cols_s.at[3], 0), tile_update, carry)
+
+    zeros = jnp.zeros((bk, head_dim), jnp.float32)
+    init = (zeros, zeros, jnp.zeros((bk,), jnp.float32))
+    dk, dv, dc = plgpu.emit_pipeline(
+        step, grid=(end - first,), max_concurrent_steps=STAGES, init_carry=init,
+        in_specs=[_from_block(first, (bq, head_dim), tile)] * 2 + [_from_block(first, (bq,))] * 5,
+    )(q_ref.at[bh], do_ref.at[bh], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh], lse_ref.at[bh], delta_ref.at[bh])
+    out_s.at[0][...] = (dk * sm_scale).astype(out_s.dtype)
+    out_s.at[1][...] = dv.astype(out_s.dtype)
+    dc_s[...] = dc
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_s.at[0], dk_ref.at[bh, cols])
+    plgpu.copy_smem_to_gmem(out_s.at[1], dv_ref.at[bh, cols])
+    plgpu.copy_smem_to_gmem(dc_s, dc_ref.at[bh, cols])
+    plgpu.wait_smem_to_gmem(0)
+
+  share = jax.ShapeDtypeStruct(q.shape, share_dtype)
+  return plgpu.kernel(
+      body, out_type=(share, share, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
+      scratch_types=[plgpu.SMEM((bk, head_dim), k.dtype, transforms=tile),  # k
+                     plgpu.SMEM((bk, head_dim), v.dtype, transforms=tile),  # v
+                     plgpu.SMEM((4, bk), jnp.float32),  # the columns' c hi, c lo, ids, threshold
+                     plgpu.SMEM((bk, bq), q.dtype, transforms=t_tile),  # P^T
+                     plgpu.SMEM((bk, bq), q.dtype, transforms=t_tile),  # dS^T
+                     plgpu.SMEM((2, bk, head_dim), share_dtype, transforms=out_tile),  # dK, dV
+                     plgpu.SMEM((bk,), jnp.float32),  # dc
+                     plgpu.Barrier(num_arrivals=6)],
+      grid=(bh_count, seq_len // bk), grid_names=("bh", "k"), interpret=interpret,
+  )(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta)
+
+
+# ----------------------------------------------------------------------------- the GpuKernels
+
+
+def _heads_major(x):
+  """[B, T, H, D] -> [B * H, T, D] (TMA boxes of one head)."""
+  b, t, h, d = x.shape
+  return x.transpose(0, 2, 1, 3).reshape(b * h, t, d)
+
+
+def _seq_major(x, batch):
+  """[B * H, T, D] -> [B, T, H, D]."""
+  bh, t, d = x.shape
+  return x.reshape(batch, bh // batch, t, d).transpose(0, 2, 1, 3)
+
+
+def _flat(x):
+  """[B, H, T] -> [B * H, T]."""
+  return x.reshape(-1, x.shape[-1])
+
+
+def _prepared(q, k, v, ops, static):
+  if static.pair:
+    raise ValueError("forgetting_attention: impl='mosaic_gpu' has no context-parallel path yet")
+  shapes = Shapes.of(q, k, static)
+  # ids exact below 2^24; the pruning threshold repeated along the sequence, so that every
+  # block reads it as it reads its c
+  hi = _flat(ops.c_q.hi)
+  vectors = (hi, _flat(ops.c_q.lo), _flat(ops.seg_q).astype(jnp.float32),
+             jnp.broadcast_to(ops.thr.reshape(-1, 1), hi.shape).astype(jnp.float32))
+  options = dict(heads=shapes.heads, group=shapes.group, scale2=static.sm_scale * LOG2_E, window=static.window,
+                 prune=static.prune, interpret=_interpret(static))
+  return shapes, (_heads_major(q), _heads_major(k), _heads_major(v)) + vectors, options
+
+
+def _forward(q, k, v, ops, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static)
+  o, lse2 = _forward_call(*operands, **options)
+  return _seq_major(o, shapes.batch), lse2.reshape(shapes.batch, shapes.heads, -1)
+
+
+def _row_term(q, k, v, ops, do, lse2, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static)
+  delta = _query_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(lse2), sm_scale=static.sm_scale,
+                            row_term=True, **options)
+  return delta.reshape(shapes.batch, shapes.heads, -1)
+
+
+def _backward_dq(q, k, v, ops, do, lse2, delta, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static)
+  dq = _query_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(delta), sm_scale=grad_scale(static),
+                         row_term=False, **options)
+  return _seq_major(dq, shapes.batch)
+
+
+def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static)
+  share_dtype = shapes.key_shares(k).dtype
+  dk, dv, dc = _key_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(delta),
+                               sm_scale=grad_scale(static), share_dtype=share_dtype, **options)
+  dk, dv = _seq_major(dk, shapes.batch), _seq_major(dv, shapes.batch)
+  return shapes.summed(dk, k), shapes.summed(dv, v), dc.reshape(shapes.batch, shapes.heads, -1)
+
+
+KERNELS = GpuKernels(_forward, _row_term, _backward_dq, _backward_dkv)
+mosaic_gpu_attention = single_device(KERNELS, "mosaic_gpu", HEAD_DIMS, fit_block_sizes, check_runnable)
+
+# "auto" tries it after pallas (20) until a GPU run shows it faster.
+register_backend(Backend("mosaic_gpu", mosaic_gpu_attention, platforms=("gpu",), interpretable=True,
+                         head_dims=HEAD_DIMS, dtypes=DTYPES, priority=10, available=available,
+                         suite_skips={"small_tiles": "tests/kernels/test_mosaic_gpu.py runs it at its own tiles, "
+                                                     "on Python 3.12 / jax 0.11.2"}))

@@ -1,0 +1,123 @@
+"""impl="mosaic_gpu" (kernels/mosaic_gpu.py) in JAX's Mosaic GPU interpreter, against the float64
+ground truth (tests/float64_attention.py): outputs and the four gradients, bf16 and fp16, D = 64
+and 128, a ragged T, grouped K/V, segments, hard cuts and a window; one case with the
+interpreter's race detector on. Runs where jax >= 0.11.2 has the interpreter (Python 3.12:
+.ci/run_py312); elsewhere only the one-line errors are checked.
+
+Error limits: max |x - x64| / max |x64| of 1.5e-2 (bf16) and 5e-3 (fp16), several times what
+rounding the inputs' dtype gives (bf16 about 3.5e-3 here), far below a wrong mask or decay.
+"""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from float64_attention import grouped_forgetting_attention_float64 as float64, relative_errors
+from lpcjax.kernels import forgetting_attention, mosaic_gpu
+
+needs_interpreter = pytest.mark.skipif(not mosaic_gpu.available(),
+                                       reason="needs jax >= 0.11.2's Mosaic GPU interpreter (Python >= 3.12)")
+LIMITS = {"bfloat16": 1.5e-2, "float16": 5e-3}
+
+
+def run(q, k, v, log_f, do, dtype, **options):
+  """o and the four gradients of sum(o * dO), float32 numpy, from inputs rounded to dtype."""
+  def loss(q, k, v, log_f):
+    o = forgetting_attention(q, k, v, log_f, impl="mosaic_gpu", interpret=True, **options)
+    return jnp.sum(o.astype(jnp.float32) * do), o
+  (_, o), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
+      *(jnp.asarray(x, dtype) for x in (q, k, v)), jnp.asarray(log_f))
+  return [np.asarray(x.astype(jnp.float32)) for x in (o, *grads)]
+
+
+def case(seq_len, heads, kv_heads, head_dim, dtype, seed=0, gates=(0.97, 1.0)):
+  rng = np.random.default_rng(seed)
+  rounded = lambda shape: np.asarray(jnp.asarray(rng.normal(size=shape), dtype).astype(jnp.float32))
+  q, do = rounded((1, seq_len, heads, head_dim)), rounded((1, seq_len, heads, head_dim))
+  k, v = rounded((1, seq_len, kv_heads, head_dim)), rounded((1, seq_len, kv_heads, head_dim))
+  log_f = np.log(rng.uniform(*gates, size=(1, seq_len, heads))).astype(np.float32)
+  return q, k, v, log_f, do
+
+
+def assert_close(results, truth, dtype):
+  errors = dict(zip(("o", "dq", "dk", "dv", "dlog_f"), relative_errors(results, truth)))
+  assert max(errors.values()) < LIMITS[dtype], errors
+
+
+# (T, heads, kv heads, D, dtype, window, segment starts)
+CASES = {
+    "bf16-D64": (256, 2, 2, 64, "bfloat16", None, ()),
+    "fp16-D128-ragged": (200, 1, 1, 128, "float16", None, ()),
+    "bf16-gqa2-segments": (256, 4, 2, 64, "bfloat16", None, (90, 130)),
+    "bf16-window48-segments": (256, 2, 2, 64, "bfloat16", 48, (150,)),
+}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", CASES)
+def test_outputs_and_gradients_match_float64(name):
+  seq_len, heads, kv_heads, head_dim, dtype, window, starts = CASES[name]
+  inputs = case(seq_len, heads, kv_heads, head_dim, dtype)
+  segment_ids = None
+  if starts:
+    segment_ids = np.zeros((1, seq_len), np.int32)
+    for start in starts:
+      segment_ids[:, start:] += 1
+  results = run(*inputs, dtype, segment_ids=None if segment_ids is None else jnp.asarray(segment_ids),
+                window=window)
+  assert_close(results, float64(*inputs, segment_ids, window), dtype)
+
+
+@needs_interpreter
+def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(monkeypatch):
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as interpreter
+  q, k, v, log_f, do = case(128, 1, 1, 64, "bfloat16", seed=1, gates=(0.02, 0.4))
+  log_f[:, 70] = -np.inf  # a hard cut: nothing before position 70 is seen after it
+  monkeypatch.setattr(mosaic_gpu, "DETECT_RACES", True)
+  interpreter.reset_gpu_interpret_mode_state()
+  results = run(q, k, v, log_f, do, "bfloat16")
+  assert not interpreter.get_races().races_found
+  segment_ids = (np.arange(128) >= 70).astype(np.int32)[None]
+  truth = float64(q, k, v, np.where(np.isinf(log_f), 0.0, log_f), do, segment_ids)
+  assert_close(results[:4], truth[:4], "bfloat16")  # d log f at the cut itself is not defined
+  np.testing.assert_allclose(np.delete(results[4], 70, axis=1), np.delete(truth[4], 70, axis=1), atol=2e-2)
+
+
+@needs_interpreter
+def test_pruning_skips_decayed_tiles_unread_and_stays_within_its_bound():
+  q, k, v, log_f, do = case(256, 1, 1, 64, "float16", gates=(0.05, 0.2))
+  epsilon = 1e-2
+  pruned = run(q, k, v, log_f, do, "float16", prune_epsilon=epsilon)
+  exact = run(q, k, v, log_f, do, "float16")
+  assert np.max(np.abs(pruned[0] - exact[0])) < 2 * epsilon * np.max(np.abs(v))  # pruning.py's bound
+  for a, b in zip(pruned[1:], exact[1:]):
+    np.testing.assert_allclose(a, b, atol=1e-3 * np.max(np.abs(b)))
+  # NaN in the first key block's values: rows from 128 on, whose tiles with it the bound skips,
+  # never read it (their outputs and dQ stay finite); without pruning every row reads it
+  v = v.copy()
+  v[:, :64] = np.nan
+  pruned = run(q, k, v, log_f, do, "float16", prune_epsilon=epsilon)
+  exact = run(q, k, v, log_f, do, "float16")
+  for result in (pruned[0], pruned[1]):
+    assert np.isfinite(result[:, 128:]).all() and np.isnan(result[:, 64:128]).any()
+  assert np.isnan(exact[0][:, 128:]).all()
+
+
+@pytest.mark.parametrize("dtype, head_dim, message", [
+    (jnp.float32, 64, "supports dtypes ('bfloat16', 'float16'), got float32"),
+    (jnp.bfloat16, 32, "supports head_dim in (64, 128), got 32"),
+])
+def test_what_it_cannot_run_is_refused_in_one_line(dtype, head_dim, message):
+  x = jnp.zeros((1, 128, 1, head_dim), dtype)
+  with pytest.raises(ValueError) as error:
+    forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl="mosaic_gpu", interpret=True)
+  assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="a GPU is present")
+def test_off_gpu_without_interpret_the_error_says_so():
+  x = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+  with pytest.raises(ValueError, match="needs a Hopper GPU; on CPU pass interpret=True"):
+    forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl="mosaic_gpu")

@@ -108,9 +108,9 @@ if wants decode; then
     --vocab-size 512} --out "$results/decode_peers_gpu.json"
 fi
 if wants tests && [ -z "${REHEARSE:-}" ]; then
-  # (test_triton_kernels.py runs the Triton kernels interpreted on the CPU: skipped here, where the
-  # shared suite runs impl="triton" compiled)
+  # (test_triton_kernels.py and test_mosaic_gpu.py run their kernels interpreted on the CPU:
+  # skipped here, where the shared suite runs impl="triton" compiled and step 1 mosaic_gpu)
   run 120 kernel_tests $py -m pytest -q -p no:cacheprovider tests/kernels \
-    --ignore tests/kernels/test_triton_kernels.py
+    --ignore tests/kernels/test_triton_kernels.py --ignore tests/kernels/test_mosaic_gpu.py
 fi
 echo "done in $SECONDS s; results: ${OUT:+$OUT/gpu_results.tar, }$results" | tee -a "$log"

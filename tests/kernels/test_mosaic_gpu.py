@@ -14,7 +14,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from float64_attention import grouped_forgetting_attention_float64 as float64, relative_errors
+from float64_attention import grouped_forgetting_attention_float64 as float64, long_context_inputs, relative_errors
 from lpcjax.kernels import forgetting_attention, mosaic_gpu
 
 needs_interpreter = pytest.mark.skipif(not mosaic_gpu.available(),
@@ -83,6 +83,17 @@ def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(monkeypatch):
   truth = float64(q, k, v, np.where(np.isinf(log_f), 0.0, log_f), do, segment_ids)
   assert_close(results[:4], truth[:4], "bfloat16")  # d log f at the cut itself is not defined
   np.testing.assert_allclose(np.delete(results[4], 70, axis=1), np.delete(truth[4], 70, axis=1), atol=2e-2)
+
+
+@needs_interpreter
+def test_the_decay_keeps_its_two_float_parts_far_from_zero():
+  """c offset by 5e4 (log f_0 lowered: no weight changes) with strong gates, float16: as exact as
+  at offset 0 (d log f 1.5e-6 either way), where a float32 c gives 6.6e-4 (decay.py, issue #34)."""
+  q, k, v, log_f, do = long_context_inputs(0, 1, 256, 1, 64, (-4.0, -1.0), c_offset=5e4)
+  rounded = lambda x: np.asarray(jnp.asarray(x, jnp.float16).astype(jnp.float32))
+  q, k, v, do = map(rounded, (q, k, v, do))
+  errors = relative_errors(run(q, k, v, log_f, do, "float16"), float64(q, k, v, log_f, do))
+  assert max(errors[:4]) < 2e-3 and errors[4] < 2e-5, errors
 
 
 @needs_interpreter

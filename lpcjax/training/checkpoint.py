@@ -9,6 +9,7 @@ step that exists, so a failed or interrupted run never replaces a good checkpoin
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -103,6 +104,18 @@ def _damage(error):
   return None
 
 
+_CHECK_CLOSED = asyncio.BaseEventLoop._check_closed
+
+
+def _late_read_check_closed(loop, original=_CHECK_CLOSED, frame=sys._getframe):
+  """asyncio's closed-loop check, except for ``call_soon_threadsafe`` called from a thread
+  with no Python frame below it (a TensorStore thread delivering a late read)."""
+  caller = frame(1)
+  if loop.is_closed() and caller.f_code.co_name == "call_soon_threadsafe" and caller.f_back is None:
+    return
+  original(loop)
+
+
 class _ClosedLoopGuard:
   """While a restore runs (and for good once one failed), a TensorStore read that ends after
   Orbax closed its event loop calls ``loop.call_soon_threadsafe`` on the closed loop; its
@@ -119,13 +132,28 @@ class _ClosedLoopGuard:
     return original(loop, *args, **kwargs)
 
   @classmethod
+  @contextlib.contextmanager
+  def around(cls):
+    """The guard while the block runs (and after it, once a restore failed)."""
+    cls.install()
+    try:
+      yield
+    finally:
+      cls.remove()
+
+  @classmethod
   def install(cls):
     asyncio.BaseEventLoop.call_soon_threadsafe = cls.call_soon_threadsafe
+    # TensorStore may hold a loop's call_soon_threadsafe from before this guard (taken when an
+    # earlier read first awaited on that loop) and call that original from its own thread; the
+    # closed-loop check it makes is looked up at call time, so that check lets such calls through.
+    asyncio.BaseEventLoop._check_closed = _late_read_check_closed
 
   @classmethod
   def remove(cls):
     if not cls.kept:
       asyncio.BaseEventLoop.call_soon_threadsafe = cls.original
+      asyncio.BaseEventLoop._check_closed = _CHECK_CLOSED
 
 
 def _quiet_failed_reads():
@@ -146,16 +174,6 @@ def _quiet_failed_reads():
       original(unraisable)
 
   sys.unraisablehook = unraisable_hook
-  # A read that ends after its loop closed, in a callback TensorStore calls from its own threads
-  # with the loop's method taken before the guard was in place, prints its RuntimeError through
-  # sys.excepthook (TensorStore's PyErr_Print), not through the guard: drop that one error.
-  original_excepthook = sys.excepthook
-
-  def excepthook(kind, value, traceback, original=original_excepthook):
-    if not (kind is RuntimeError and str(value) == "Event loop is closed"):
-      original(kind, value, traceback)
-
-  sys.excepthook = excepthook
   logging.getLogger("asyncio").addFilter(_FailedReadFilter())
   cli.skip_teardown()
 
@@ -247,6 +265,10 @@ class Checkpointer:
   def restore(self, abstract_state, shardings, data_iterator=None, step=None):
     """Restore the state into ``shardings`` (any mesh: Orbax reshards) and, given the data
     iterator, its position too (evaluation passes none). Latest step by default."""
+    with _ClosedLoopGuard.around():  # the tree check's reads too: theirs may end late as well
+      return self._restore(abstract_state, shardings, data_iterator, step)
+
+  def _restore(self, abstract_state, shardings, data_iterator, step):
     step = self.latest_step() if step is None else step
     self._check_items(step, ("state", "data") if data_iterator is not None else ("state",))
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -264,6 +286,10 @@ class Checkpointer:
     Adam moments would be two more copies of the parameters in memory (evaluation, generation
     and ``train.init_from`` need none; MaxText's load_parameters_path). Reads every checkpoint
     that holds a full state, old ones included."""
+    with _ClosedLoopGuard.around():  # the tree check's reads too: theirs may end late as well
+      return self._restore_variables(params, mutable, shardings, step)
+
+  def _restore_variables(self, params, mutable, shardings, step):
     step = self.latest_step() if step is None else step
     self._check_items(step, ("state",))
     abstract = {"params": params, **({"mutable": mutable} if mutable else {})}
@@ -280,7 +306,6 @@ class Checkpointer:
   def _read(self, step, read):
     """``read()``, with a DamagedCheckpointError for files that cannot be read; any other
     error (a tree that differs from the model's: ``tree_mismatch``) as it is."""
-    _ClosedLoopGuard.install()
     try:
       return read()
     except Exception as error:  # noqa: BLE001  TensorStore raises bare Exceptions
@@ -288,8 +313,6 @@ class Checkpointer:
       if detail is None:
         raise
       _quiet_failed_reads()  # at once: the reads still running end any moment
-    finally:
-      _ClosedLoopGuard.remove()
     raise DamagedCheckpointError(f"checkpoint step {step} is damaged: {detail}")
 
   def looks_whole(self, step):

@@ -7,6 +7,7 @@ Gates: by default log f = log u, u uniform in [0.9, 1) (a typical token decays b
 sigmoid(b) = exp(-1/tau), the gates of the pruning rows (benchmarks/pruning.py).
 """
 
+import functools
 import math
 
 import numpy as np
@@ -32,11 +33,14 @@ def timescale_log_f(rng, shape, tau):
   return (-np.logaddexp(0.0, -x)).astype(np.float32)  # log sigmoid, without overflow
 
 
+@functools.lru_cache(maxsize=1)
 def attention_inputs(batch, seq_len, heads, head_dim, gate_timescale=None, seed=0):
-  """q, k, v, do: [batch, seq_len, heads, head_dim]; log_f: [batch, seq_len, heads]; numpy float32."""
+  """q, k, v, do: [batch, seq_len, heads, head_dim]; log_f: [batch, seq_len, heads]; numpy float32.
+  The last call's arrays are kept (a row's candidates share them: 1 GiB at T = 16k, several
+  seconds to draw); do not modify them."""
   rng = np.random.default_rng(seed)
   shape = (batch, seq_len, heads, head_dim)
-  q, k, v, do = (rng.normal(size=shape).astype(np.float32) for _ in range(4))
+  q, k, v, do = (rng.standard_normal(size=shape, dtype=np.float32) for _ in range(4))
   if gate_timescale is None:
     log_f = np.log(rng.uniform(0.9, 1.0, size=shape[:3])).astype(np.float32)
   else:

@@ -17,7 +17,7 @@ chunk buffer) and SITH's (last H tokens, the L slots' and the chunk's keys and v
   python benchmarks/decode.py --families lpcsm sith --prompt-lens 1024 4096 --new-tokens 64 \\
       --out benchmarks/results/decode_recurrent_cpu.json
   python benchmarks/decode.py --config paper:fox_pro_125m --families fox --prompt-lens 4096 32768 \\
-      --batch-sizes 1 16 --new-tokens 64 --recompute-tokens 2      # the GPU figure: FoX (Pro) 125M
+      --batch-sizes 1 16 --new-tokens 64 --recompute-tokens 0      # the GPU figure: FoX (Pro) 125M
 
 --config takes the model of an experiment config (its family replaced by each of --families)
 instead of the small sizes below; tokens/s counts every row of the batch.
@@ -95,22 +95,26 @@ def measure(family, model, params, prompt_len, new_tokens, recompute_tokens, bat
   first, cache = prefill()
   decode = lambda: _decode_jit(model, GREEDY, None, None, max_len, None, params, cache, first, key,
                                jnp.int32(new_tokens))[0]
-  length, forward = forward_without_cache(family.name, model, prompt_len, new_tokens)
-  padded = jnp.zeros((batch, max(length, prompt_len)), jnp.int32).at[:, :prompt_len].set(tokens)
-  forward = jax.jit(forward)
-  recompute = lambda: [forward(params, padded) for _ in range(recompute_tokens)][-1]
-  prefill_s, decode_s, recompute_s = timed(prefill), timed(decode, repeats=3), timed(recompute)
-  cached, uncached = batch * new_tokens / decode_s, batch * recompute_tokens / recompute_s
-  return {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "recompute_tokens": recompute_tokens,
-          "prefill_s": prefill_s, "cached_tokens_per_s": cached, "recompute_tokens_per_s": uncached,
-          "speedup": cached / uncached, "cache_bytes": batch * cache_bytes(family, model.config, max_len)}
+  prefill_s, decode_s = timed(prefill), timed(decode, repeats=3)
+  cached = batch * new_tokens / decode_s
+  row = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "recompute_tokens": recompute_tokens,
+         "prefill_s": prefill_s, "cached_tokens_per_s": cached, "recompute_tokens_per_s": None, "speedup": None,
+         "cache_bytes": batch * cache_bytes(family, model.config, max_len)}
+  if recompute_tokens:  # (the forward computes every position's logits: [B, T, vocab] floats)
+    length, forward = forward_without_cache(family.name, model, prompt_len, new_tokens)
+    padded = jnp.zeros((batch, max(length, prompt_len)), jnp.int32).at[:, :prompt_len].set(tokens)
+    forward = jax.jit(forward)
+    uncached = batch * recompute_tokens / timed(lambda: [forward(params, padded) for _ in range(recompute_tokens)][-1])
+    row.update(recompute_tokens_per_s=uncached, speedup=cached / uncached)
+  return row
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--prompt-lens", type=int, nargs="+", default=[256, 1024, 4096])
   parser.add_argument("--new-tokens", type=int, default=16)
-  parser.add_argument("--recompute-tokens", type=int, default=None, help="forwards timed (default: --new-tokens)")
+  parser.add_argument("--recompute-tokens", type=int, default=None,
+                      help="forwards timed (default: --new-tokens; 0: none, only cached decoding)")
   parser.add_argument("--families", nargs="+", default=["fox", "transformer"], choices=sorted(FAMILY_SIZES))
   parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
   parser.add_argument("--config", default=None, help="an experiment config whose model to decode (e.g. "
@@ -133,13 +137,20 @@ def main():
     model = family.build(config)
     example = jnp.zeros((1, getattr(config, "window_len", 64)), jnp.int32)
     params = jax.jit(model.init)(jax.random.PRNGKey(0), example)
+    recompute = args.new_tokens if args.recompute_tokens is None else args.recompute_tokens
     for batch, prompt_len in itertools.product(args.batch_sizes, args.prompt_lens):
-      row = {"family": name, **measure(family, model, params, prompt_len, args.new_tokens,
-                                       args.recompute_tokens or args.new_tokens, batch)}
+      try:
+        row = {"family": name, **measure(family, model, params, prompt_len, args.new_tokens, recompute, batch)}
+      except Exception as error:  # a size that does not fit is reported; the next one runs
+        row = {"family": name, "batch": batch, "prompt_len": prompt_len,
+               "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+        print(f"{name:>12} {batch:>5} {prompt_len:>7}   {row['error']}", flush=True)
+      else:
+        uncached = row["recompute_tokens_per_s"]
+        print(f"{name:>12} {batch:>5} {prompt_len:>7} {row['cached_tokens_per_s']:>13.1f} "
+              + (f"{uncached:>16.2f} {row['speedup']:>8.1f}x " if uncached else f"{'-':>16} {'-':>9} ")
+              + f"{row['prefill_s']:>10.2f} {row['cache_bytes'] / 2**20:>10.2f}", flush=True)
       rows.append(row)
-      print(f"{name:>12} {batch:>5} {prompt_len:>7} {row['cached_tokens_per_s']:>13.1f} "
-            f"{row['recompute_tokens_per_s']:>16.2f} "
-            f"{row['speedup']:>8.1f}x {row['prefill_s']:>10.2f} {row['cache_bytes'] / 2**20:>10.2f}", flush=True)
       figures = {"models": sizes, "config": args.config, "rows": rows}
       path = write_results("decode", figures, args.out, quiet=True)  # row by row: a timeout keeps the rows done
   print(f"wrote {path}")

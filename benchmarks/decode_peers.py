@@ -4,8 +4,9 @@ fla's ``ForgettingTransformerForCausalLM`` (flash-linear-attention) at the size 
 FoX (Pro) 125M (``paper:fox_pro_125m``: 12 layers, d 768, 12 heads, GPT-2 vocabulary), with
 fla's own Pro parts (QK-norm, output gate; fla has no token shift or output norm), random
 weights, in eager PyTorch as fla's ``generate`` runs it: a prefill of the prompt (the last
-position's logits only), then greedy one-token steps with the key/value cache; time of
---new-tokens steps after two warm-up steps (CUDA synchronised), tokens/s counting every row.
+position's logits only; timed the second time, after its kernels compiled), then greedy
+one-token steps with the key/value cache; time of --new-tokens steps after two warm-up steps
+(CUDA synchronised), tokens/s counting every row.
 
   python benchmarks/decode_peers.py --prompt-lens 4096 32768 --batch-sizes 1 16 --new-tokens 64
   python benchmarks/decode_peers.py --interpret --dtype float16 --hidden-size 64 --layers 2 \\
@@ -68,8 +69,11 @@ def main():
       with torch.no_grad():
         tokens = torch.randint(0, args.vocab_size, (batch, prompt_len), device=device)
         mask = torch.ones_like(tokens)
+        prefill = lambda: model(input_ids=tokens, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        prefill()  # the prompt's kernels compile (and autotune) at this length first
+        sync()
         start = time.perf_counter()
-        step = model(input_ids=tokens, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        step = prefill()
         sync()
         row["prefill_s"] = time.perf_counter() - start
 

@@ -2,8 +2,8 @@
 # One prepared GPU session, at most BUDGET seconds (default 530): what a user choosing a FoX kernel
 # asks, most important first, each step bounded by its own timeout and by what is left, its
 # JSON written row by row:
-#   1. check       the kernels compiled (pallas, triton, mosaic_gpu, auto) against float64 at T up
-#                  to 16k (kernel_check.py)
+#   1. check       the kernels compiled (pallas, triton, mosaic_gpu) against float64 at T up to
+#                  16k, pruning included (kernel_check.py)
 #   2. attn16k     forgetting attention fwd / fwd+bwd at T = 16k, D = 128: lpcjax's backends, the
 #                  cuDNN floor, JAX's Pallas flash attention without the gate (attention.py)
 #   3. peers16k    the same row for fla, the official FoX kernel and PyTorch SDPA (attention_peers.py)
@@ -35,10 +35,11 @@ if [ -n "${REHEARSE:-}" ]; then  # toy sizes: every path that runs without a GPU
   fla_decode_args="--hidden-size 64 --layers 1 --heads 2 --prompt-lens 40 --batch-sizes 2 --new-tokens 2"
 else
   long=16384 sweep_lens="2048 8192 32768" tokens=32768 model_dim=2048 iters=5 peers="" check_len=1024 scale=1 budget=530
-  check_args="--impls pallas triton mosaic_gpu auto"
+  check_args="--impls pallas triton mosaic_gpu"  # ("auto" is pallas on a GPU)
   train_size="data.seq_len=4096 data.batch_size=8"
+  # (--recompute-tokens 0: the uncached forward's [16, 32k, vocab] logits alone need 99 GiB)
   decode_args="--config paper:fox_pro_125m --prompt-lens 4096 32768 --batch-sizes 1 16 --new-tokens 64
-    --recompute-tokens 2"
+    --recompute-tokens 0"
   fla_decode_args="--prompt-lens 4096 32768 --batch-sizes 1 16 --new-tokens 64"
 fi
 deadline=${BUDGET:-$budget}  # seconds since the script began (bash SECONDS), setup included
@@ -58,7 +59,7 @@ run() {  # CAP NAME COMMAND...: at most CAP seconds and what is left; logged; a 
     echo "== $name: skipped, the budget is spent" | tee -a "$log"; return
   fi
   echo "== $name (at most $cap s; $(date -u +%T))" | tee -a "$log"
-  timeout "$cap" "$@" > "$results/$name.log" 2>&1
+  timeout -k 10 "$cap" "$@" > "$results/$name.log" 2>&1
   status=$?
   grep -v -i -E "warning|warn\(" "$results/$name.log" | tail -n 14
   cat "$results/$name.log" >> "$log"

@@ -124,8 +124,9 @@ def decode_table(results):
     ratio = a / b if a and b else None
     records.append({"batch": key[0], "prompt_len": key[1], "lpcjax_tokens_per_s": a, "fla_tokens_per_s": b,
                     "ratio": ratio})
-    cell = lambda x: f"{x:,.0f}" if x else (fla.get(key, {}).get("error", "–")[:40] if x is b else "–")
-    lines.append(f"| {key[0]} | {key[1]} | {cell(a)} | {cell(b)} | {f'{ratio:.2f}' if ratio else '–'} |")
+    cell = lambda x, row: f"{x:,.0f}" if x else row.get("error", "–")[:40]
+    lines.append(f"| {key[0]} | {key[1]} | {cell(a, ours.get(key, {}))} | {cell(b, fla.get(key, {}))} | "
+                 f"{f'{ratio:.2f}' if ratio else '–'} |")
   return lines, records
 
 

@@ -22,6 +22,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 fox_repo="${FOX_REPO:-}"
 if [ -z "$fox_repo" ]; then
   fox_repo=$(mktemp -d)
+  trap 'rm -rf "$fox_repo"' EXIT
   git clone -q --depth 1 https://github.com/zhixuan-lin/forgetting-transformer "$fox_repo"
 fi
 mkdir -p .peers/fox_official

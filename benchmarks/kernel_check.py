@@ -34,15 +34,17 @@ from float64_attention import (grouped_forgetting_attention_float64, long_contex
 
 NAMES = ("o", "dq", "dk", "dv", "dlog_f")
 LIMITS = {"float32": 1e-4, "bfloat16": 3e-2}
-# name: (T, heads, kv heads, D, dtype, log f range, window, segment starts)
+# name: (T, heads, kv heads, D, dtype, log f range, window, segment starts, prune_epsilon)
 CASES = {
-    "T16384_D128_strong_f32": (16384, 1, 1, 128, "float32", (-4.0, -1.0), None, ()),
-    "T16384_D128_strong_bf16": (16384, 1, 1, 128, "bfloat16", (-4.0, -1.0), None, ()),
-    "T16384_D64_slow_bf16": (16384, 1, 1, 64, "bfloat16", (-0.01, -0.001), None, ()),
-    "T2048_D64_gqa4_bf16": (2048, 4, 1, 64, "bfloat16", (-0.1, -0.01), None, ()),
-    "T2048_D128_window512_bf16": (2048, 2, 2, 128, "bfloat16", (-0.05, -0.005), 512, ()),
-    "T2048_D64_segments_f32": (2048, 2, 2, 64, "float32", (-0.1, -0.01), None, (700, 1500)),
-    "T1000_D128_ragged_f32": (1000, 2, 2, 128, "float32", (-0.5, -0.05), None, ()),
+    "T16384_D128_strong_f32": (16384, 1, 1, 128, "float32", (-4.0, -1.0), None, (), None),
+    "T16384_D128_strong_bf16": (16384, 1, 1, 128, "bfloat16", (-4.0, -1.0), None, (), None),
+    "T16384_D64_slow_bf16": (16384, 1, 1, 64, "bfloat16", (-0.01, -0.001), None, (), None),
+    "T2048_D64_gqa4_bf16": (2048, 4, 1, 64, "bfloat16", (-0.1, -0.01), None, (), None),
+    "T2048_D128_window512_bf16": (2048, 2, 2, 128, "bfloat16", (-0.05, -0.005), 512, (), None),
+    "T2048_D64_segments_f32": (2048, 2, 2, 64, "float32", (-0.1, -0.01), None, (700, 1500), None),
+    "T1000_D128_ragged_f32": (1000, 2, 2, 128, "float32", (-0.5, -0.05), None, (), None),
+    # pruning at its default epsilon on gates that let it skip most tiles: within 2 eps max|v|
+    "T8192_D128_pruned_bf16": (8192, 2, 2, 128, "bfloat16", (-0.5, -0.1), None, (300,), 4.54e-5),
 }
 
 
@@ -69,13 +71,13 @@ def case_inputs(seq_len, heads, kv_heads, head_dim, dtype, gates, starts):
   return q, k, v, log_f, do, segment_ids
 
 
-def kernel_results(impl, dtype, window, interpret, q, k, v, log_f, do, segment_ids):
+def kernel_results(impl, dtype, window, prune_epsilon, interpret, q, k, v, log_f, do, segment_ids):
   cast = lambda x: jnp.asarray(x, dtype)
   do = cast(do)
 
   def loss(q, k, v, log_f):
     o = forgetting_attention(q, k, v, log_f, impl=impl, segment_ids=segment_ids, window=window,
-                             interpret=interpret)
+                             prune_epsilon=prune_epsilon, interpret=interpret)
     return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32)), o
   (_, o), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(
       cast(q), cast(k), cast(v), jnp.asarray(log_f))
@@ -88,7 +90,7 @@ def main():
   print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}")
   print(f"{'case':28s} {'impl':10s} " + " ".join(f"{n:>9s}" for n in NAMES) + "  verdict")
   for case in args.cases:
-    seq_len, heads, kv_heads, head_dim, dtype, gates, window, starts = CASES[case]
+    seq_len, heads, kv_heads, head_dim, dtype, gates, window, starts, prune_epsilon = CASES[case]
     if args.max_seq_len:
       seq_len = min(seq_len, args.max_seq_len)
       starts = tuple(s * seq_len // CASES[case][0] for s in starts)
@@ -98,14 +100,15 @@ def main():
     for impl in args.impls:
       row = {"case": case, "impl": impl, "seq_len": seq_len, "heads": heads, "kv_heads": kv_heads,
              "head_dim": head_dim, "dtype": dtype, "log_f_range": gates, "window": window,
-             "segment_starts": list(starts), "limit": LIMITS[dtype]}
+             "segment_starts": list(starts), "prune_epsilon": prune_epsilon, "limit": LIMITS[dtype]}
       reason = unsupported(impl, head_dim, dtype, window, kv_group=heads // kv_heads)
       if reason:  # a backend's documented limit: not a failure
         rows.append({**row, "skipped": reason, "passed": None})
         print(f"{case:28s} {impl:10s} skipped: {reason}", flush=True)
         continue
       try:
-        errors = relative_errors(kernel_results(impl, jnp.dtype(dtype), window, args.interpret, *inputs), truth)
+        results = kernel_results(impl, jnp.dtype(dtype), window, prune_epsilon, args.interpret, *inputs)
+        errors = relative_errors(results, truth)
         row.update(errors=dict(zip(NAMES, errors)), passed=max(errors) <= LIMITS[dtype])
         line = " ".join(f"{e:9.2e}" for e in errors) + ("  pass" if row["passed"] else "  FAIL")
       except Exception as error:  # reported; the next case runs

@@ -66,6 +66,10 @@ def check_runnable(interpret):
   if not interpret and not on_gpu():
     raise ValueError("forgetting_attention: impl='mosaic_gpu' needs a Hopper GPU; on CPU pass "
                      "interpret=True (slow, for tests, jax >= 0.11.2) or use impl='xla'")
+  capability = None if interpret else getattr(jax.devices()[0], "compute_capability", None)
+  if capability is not None and not str(capability).startswith("9."):
+    raise ValueError(f"forgetting_attention: impl='mosaic_gpu' runs on Hopper (sm_90: wgmma, TMA); this GPU "
+                     f"is sm_{str(capability).replace('.', '')}: use impl='pallas'")
 
 
 def fit_block_sizes(block_sizes, seq_len, head_dim):
@@ -111,7 +115,7 @@ class _Positions:
   vectors of c's two parts and the segment ids."""
 
   def __init__(self, start, hi, lo, seg, axis):
-    self.start, self.axis = start, axis
+    self.start, self.axis, self.hi_ref = start, axis, hi
     self.hi, self.lo, self.seg = _rows(hi, axis), _rows(lo, axis), _rows(seg, axis)
 
 
@@ -133,9 +137,13 @@ def _logits2(scores, queries, keys, scale2, window):
 
 
 def _prunable(queries, keys, thr):
-  """Whether pruning may skip a tile (pruning.py's bound on the high parts of c; a tile holding
-  a diagonal element never passes it). ``thr``: the threshold as a vector of equal entries."""
-  return jnp.max(queries.hi) - jnp.min(keys.hi) < jnp.max(thr)
+  """Whether pruning may skip a tile: pruning.py's bound, max over the rows of c minus min over
+  the columns below the threshold ``thr`` (a scalar), on the high parts of c (a tile holding a
+  diagonal element never passes it). c is non-increasing (log f <= 0; rounding to hi keeps the
+  order), so the max is the first row's and the min the last column's: two scalar SMEM reads.
+  (A reduction of the layout'd vectors would go through a scratch slot that the forward's two
+  compute warpgroups share, unsynchronized between them.)"""
+  return queries.hi_ref[0] - keys.hi_ref[keys.hi_ref.shape[0] - 1] < thr
 
 
 def _unless_pruned(prune, queries, keys, thr, update, carry):
@@ -232,7 +240,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
       if window is not None:
         seen &= k0 + bk - 1 > row0 - window
       if prune:
-        seen &= jnp.logical_not(_prunable(queries, keys, _rows(rows_s.at[wg, 3], 0)))
+        seen &= jnp.logical_not(_prunable(queries, keys, rows_s.at[wg, 3][0]))
       return lax.cond(seen, tile_update, lambda carry: carry, carry)
 
     kv_row = _kv_head(bh, heads, group)
@@ -294,7 +302,7 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
         return carry + _matmul(ds_s, k_s, (bq, head_dim))
 
       # the forward's tiles: the same skips
-      return _unless_pruned(prune, queries, keys, _rows(rows_s.at[5], 0), tile_update, carry)
+      return _unless_pruned(prune, queries, keys, rows_s.at[5][0], tile_update, carry)
 
     kv_row = _kv_head(bh, heads, group)
     init = jnp.zeros((bq,) if row_term else (bq, head_dim), jnp.float32)
@@ -361,7 +369,7 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
         plgpu.commit_smem()
         return dk + _matmul(ds_s, q_s, (bk, head_dim)), dv, dc - ds_t.sum(axis=1)
 
-      return _unless_pruned(prune, queries, keys, _rows(cols_s.at[3], 0), tile_update, carry)
+      return _unless_pruned(prune, queries, keys, cols_s.at[3][0], tile_update, carry)
 
     zeros = jnp.zeros((bk, head_dim), jnp.float32)
     init = (zeros, zeros, jnp.zeros((bk,), jnp.float32))

@@ -8,6 +8,8 @@ Error limits: max |x - x64| / max |x64| of 1.5e-2 (bf16) and 5e-3 (fp16), severa
 rounding the inputs' dtype gives (bf16 about 3.5e-3 here), far below a wrong mask or decay.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -114,6 +116,36 @@ def test_pruning_skips_decayed_tiles_unread_and_stays_within_its_bound():
   for result in (pruned[0], pruned[1]):
     assert np.isfinite(result[:, 128:]).all() and np.isnan(result[:, 64:128]).any()
   assert np.isnan(exact[0][:, 128:]).all()
+
+
+# (T, heads, kv heads, D, dtype, options)
+LOWERED = {
+    "bf16-D64-gqa2-segments-pruned": (512, 4, 2, 64, jnp.bfloat16, dict(prune_epsilon=1e-4, segments=True)),
+    "fp16-D128-T16k-window-pruned": (16384, 2, 2, 128, jnp.float16, dict(prune_epsilon=1e-4, window=512)),
+}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", LOWERED)
+def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name):
+  """The Python half of Mosaic GPU's compile for sm_90 runs without a GPU (jax assumes 9.0):
+  layout inference, wgmma's shape and transpose rules, the 227 KiB shared-memory budget, which
+  the interpreter does not check. (ptxas, registers and TMA descriptors still need a GPU.)"""
+  seq_len, heads, kv_heads, head_dim, dtype, options = LOWERED[name]
+  monkeypatch.setattr(mosaic_gpu, "on_gpu", lambda: True)
+  segments = options.pop("segments", False)
+
+  def loss(q, k, v, log_f, segment_ids=None):
+    o = forgetting_attention(q, k, v, log_f, impl="mosaic_gpu", segment_ids=segment_ids, **options)
+    return jnp.sum(o.astype(jnp.float32))
+  q = jax.ShapeDtypeStruct((1, seq_len, heads, head_dim), dtype)
+  kv = jax.ShapeDtypeStruct((1, seq_len, kv_heads, head_dim), dtype)
+  args = (q, kv, kv, jax.ShapeDtypeStruct((1, seq_len, heads), jnp.float32))
+  if segments:
+    args += (jax.ShapeDtypeStruct((1, seq_len), jnp.int32),)
+  lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(*args).lower(lowering_platforms=("cuda",))
+  kernels = re.findall(r"custom_call @(mosaic_gpu\w*)", lowered.as_text())
+  assert len(kernels) == 4, kernels  # forward, row term, dQ, dK/dV: each a Mosaic GPU kernel
 
 
 @pytest.mark.parametrize("dtype, head_dim, message", [

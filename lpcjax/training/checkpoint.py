@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 
 import grain
 import jax
@@ -174,6 +175,9 @@ def _quiet_failed_reads():
       original(unraisable)
 
   sys.unraisablehook = unraisable_hook
+  # the tree check's metadata read, abandoned, is collected unawaited later
+  warnings.filterwarnings("ignore", message="coroutine 'Store._get_array_metadatas' was never awaited",
+                          category=RuntimeWarning)
   logging.getLogger("asyncio").addFilter(_FailedReadFilter())
   cli.skip_teardown()
 

@@ -7,7 +7,10 @@ tables and writes the ratios as JSON:
     each lpcjax kernel to the best gated peer (fla, the official FoX kernel), to the cuDNN floor
     (no gate) and to lpcjax's own xla backend (time ratios: above 1 is faster);
   * pruning: each pruned kernel's speed-up over itself unpruned, beside the official ACP's;
-  * training steps and cached decoding, lpcjax beside fla.
+  * training steps and cached decoding, lpcjax beside fla;
+  * the compile table (results/compile_sm90.json, benchmarks/compile_check.py: registers,
+    spills, shared memory per kernel, compiled without a GPU) with this run's fwd+bwd time beside
+    each backend at T = 16k: what the compiler counted next to what the GPU measured.
 
   python benchmarks/gpu_report.py RESULTS [--json FILE]     # RESULTS: a folder or gpu_results.tar
 """
@@ -130,6 +133,32 @@ def decode_table(results):
   return lines, records
 
 
+COMPILE_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compile_sm90.json")
+
+
+def compile_runtime_table(rows, compile_path=COMPILE_TABLE):
+  """Markdown rows: each backend's kernels at T = 16k, bf16 (no window, segments or pruning) as
+  compiled ahead of time, with the fwd+bwd time this run measured for that backend and D."""
+  if not os.path.exists(compile_path):
+    return ["(no compile table: run benchmarks/compile_check.py)"]
+  with open(compile_path) as f:
+    compiled = json.load(f)["rows"]
+  times = timed(rows, gate_timescale=None)
+  lines = ["| backend | D | kernel | registers | spill B (st/ld) | SMEM KiB | fwd+bwd ms (this run, T = 16k) |",
+           "|---|---|---|---|---|---|---|"]
+  for row in compiled:
+    plain = not (row.get("window") or row.get("segments") or row.get("prune") or row.get("kv_heads"))
+    if row.get("kind") != "attention" or not row.get("compiled") or row["seq_len"] != 16384 or not plain:
+      continue
+    ms = times.get((row["impl"], row["head_dim"], 16384, None))
+    for kernel in row["kernels"]:
+      smem = kernel.get("smem_bytes")
+      lines.append(f"| {row['impl']} | {row['head_dim']} | {kernel['name']} | {kernel['registers']} | "
+                   f"{kernel['spill_store_bytes']}/{kernel['spill_load_bytes']} | "
+                   f"{'–' if smem is None else f'{smem / 1024:.0f}'} | {'–' if ms is None else f'{ms:.2f}'} |")
+  return lines
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("results", help="a results folder or a gpu_results.tar")
@@ -149,6 +178,7 @@ def main():
   sections = [("Kernels against float64 (compiled)", check_table(results)),
               ("Forgetting attention, forward + backward, bf16, causal", speed_lines),
               ("Pruning at T = 16k, D = 128", prune_lines),
+              ("Compiled kernels (sm_90a, no GPU) beside the measured time", compile_runtime_table(rows)),
               ("Training steps", step_table(results)),
               ("Cached decoding, FoX (Pro) 125M", decode_lines)]
   for title, lines in sections:

@@ -30,9 +30,17 @@ import jax.numpy as jnp
 
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels import forgetting_attention, pallas_tpu
-from triton_compile import mlir_operations  # benchmarks/ is the script's directory
 
 BACKWARD = ("dkv", "dq", "row_term")
+
+
+def mlir_operations(op):
+  """Every operation nested inside the MLIR operation ``op``, depth first."""
+  for region in op.regions:
+    for block in region.blocks:
+      for inner in block.operations:
+        yield inner.operation
+        yield from mlir_operations(inner.operation)
 
 
 def parse_args():

@@ -14,8 +14,9 @@ import os
 import sys
 from typing import Callable, NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
+
+from .target import target_platform
 
 
 class PairKernels(NamedTuple):
@@ -30,7 +31,7 @@ class PairKernels(NamedTuple):
   * ``backward_dq(..., offsets, do, lse, delta, *static)`` -> dq float32, not yet times sm_scale;
   * ``backward_dkv(...)`` (the same arguments) -> dk (not yet times sm_scale), dv float32
     [B, H, Tk, D] summed over each group, dc [B, HQ, Tk];
-  * ``block_sizes(block_sizes or None, chunk_len, head_dim)`` -> the fitted ``BlockSizes``
+  * ``block_sizes(block_sizes or None, chunk_len, head_dim, dtype)`` -> the fitted ``BlockSizes``
     the kernels run; the ring pads each chunk to a multiple of its largest.
 
   ``static`` = (sm_scale, fitted BlockSizes, window, interpret); lse and delta are the rows'
@@ -49,7 +50,8 @@ class Backend:
   on prepared inputs (``checks.prepare_segments``); ``options`` holds ``window`` and
   ``prune_threshold`` only when set, so a backend without them need not take them.
 
-  * ``platforms``: the ``jax.default_backend()`` values it runs on compiled; ``interpretable``:
+  * ``platforms``: the platforms it runs on compiled (``target.target_platform()``: this
+    machine's, or the absent chip an ahead-of-time compile targets); ``interpretable``:
     it also runs elsewhere with ``interpret=True`` (Pallas), slowly, for tests.
   * ``head_dims``, ``dtypes`` (names of q's dtype): None for any.
   * ``window``, ``pruning``: whether it takes sliding windows and tile pruning (a backend
@@ -95,11 +97,11 @@ class Backend:
     return None
 
   def runs_natively(self):
-    return jax.default_backend() in self.platforms and self.available()
+    return target_platform() in self.platforms and self.available()
 
   def runs_here(self):
     """Compiled, or interpreted (then pass ``interpret=True``): what the test suite can run."""
-    return self.available() and (self.interpretable or jax.default_backend() in self.platforms)
+    return self.available() and (self.interpretable or target_platform() in self.platforms)
 
 
 _BACKENDS = {}
@@ -163,7 +165,7 @@ def platform_problem(impl):
   config may be written anywhere, but a run runs here."""
   if impl == "auto" or impl not in _BACKENDS or _BACKENDS[impl].runs_natively():
     return None
-  backend, here = _BACKENDS[impl], jax.default_backend()
+  backend, here = _BACKENDS[impl], target_platform()
   why = (f"runs on {' or '.join(backend.platforms)}" if here not in backend.platforms
          else "needs a package that is not installed here")
   able = ", ".join(["auto", *(b.name for b in ordered_backends() if b.runs_natively())])

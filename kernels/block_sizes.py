@@ -5,6 +5,7 @@ import dataclasses
 from typing import Optional
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -75,12 +76,20 @@ def heads_major(x, padded_len, fill=0):
 
 # Block ranges of a sliding window (keys j with i - window < j <= i). Starts may be traced int32
 # (a loop index times the block size); lax.div on non-negative operands is the floor division
-# that both XLA and the Triton lowering accept.
+# that both XLA and the Triton lowering accept. Numpy starts give numpy bounds, computed on the
+# host with no device: the TPU wrapper's static visit ranges, whose eager evaluation would
+# otherwise run on the default device, which an ahead-of-time compile makes a chip that is absent.
+
+def _numpy_or_jnp(x):
+  return np if isinstance(x, (int, np.integer, np.ndarray)) else jnp
+
 
 def floor_div(a, b):
   """a // b for non-negative integers, a traced (int32 in a kernel, where program ids are int32)
-  and b a Python int or an array. lax.div does not promote: under ``jax_enable_x64`` a Python
-  int becomes int64 and lax.div(int32, int64) fails at trace time, so b takes a's dtype."""
+  or numpy, and b a Python int or an array. lax.div does not promote: under ``jax_enable_x64``
+  a Python int becomes int64 and lax.div(int32, int64) fails at trace time, so b takes a's dtype."""
+  if _numpy_or_jnp(a) is np:
+    return np.asarray(a) // b
   a = jnp.asarray(a)
   return lax.div(a, jnp.asarray(b, a.dtype))
 
@@ -90,7 +99,7 @@ def first_key_block_in_window(q_start, block_k, window):
   the blocks left of it hold only keys at least ``window`` before every query, and are skipped."""
   if window is None:
     return 0
-  return floor_div(jnp.maximum(q_start - window + 1, 0), block_k)
+  return floor_div(_numpy_or_jnp(q_start).maximum(q_start - window + 1, 0), block_k)
 
 
 def query_block_end_in_window(k_start, block_k, block_q, num_q_blocks, window):
@@ -99,9 +108,9 @@ def query_block_end_in_window(k_start, block_k, block_q, num_q_blocks, window):
   that query lies before the first (k_start relative to the queries' start may be negative)."""
   if window is None:
     return num_q_blocks
+  xp = _numpy_or_jnp(k_start)
   last_row = k_start + block_k + window - 2
-  return jnp.where(last_row < 0, 0, jnp.minimum(floor_div(jnp.maximum(last_row, 0), block_q) + 1,
-                                                num_q_blocks))
+  return xp.where(last_row < 0, 0, xp.minimum(floor_div(xp.maximum(last_row, 0), block_q) + 1, num_q_blocks))
 
 
 # Block ranges of a pair (query block, key side) or (key block, query side) that may be two

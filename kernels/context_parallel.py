@@ -109,7 +109,7 @@ def ring_attention(q, k, v, log_fgate, segment_ids=None, *, axis_name, axis_size
     threshold = skip_threshold(lax.stop_gradient(q), lax.stop_gradient(k), sm_scale, prune_epsilon, axis_name)
 
   chunk_len = local_len // layout.chunks
-  sizes = pairs.block_sizes(block_sizes, chunk_len, q.shape[-1])
+  sizes = pairs.block_sizes(block_sizes, chunk_len, q.shape[-1], q.dtype)
   padded = padded_length(chunk_len, sizes.largest)
   padded_parts = lambda parts, fill=0: [heads_major(part, padded, fill) for part in parts]
   chunked = lambda x, fill=0: padded_parts(layout.split(x), fill)

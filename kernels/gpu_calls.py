@@ -169,7 +169,7 @@ def single_device(kernels, impl, head_dims, fit_block_sizes, check):
     seq_len, head_dim = q.shape[1], q.shape[-1]
     require_head_dim(impl, head_dim, head_dims)
     check(interpret)
-    sizes = fit_block_sizes(block_sizes, seq_len, head_dim)
+    sizes = fit_block_sizes(block_sizes, seq_len, head_dim, q.dtype)
     padded_len = padded_length(seq_len, sizes.largest)
     prune = prune_threshold is not None
     # The threshold stays in natural units, as c does.
@@ -191,7 +191,8 @@ def _base2(lse):
 
 def pair_kernels(kernels, block_sizes, check):
   """``backends.PairKernels`` running ``kernels`` (a ``GpuKernels``) on the ring's chunks.
-  ``block_sizes(block_sizes, chunk_len, head_dim)``: the backend's fitted tiles;
+  ``block_sizes(block_sizes, chunk_len, head_dim, dtype)``: the backend's fitted tiles for inputs
+  of ``dtype``;
   ``check(interpret)``: raises if the kernels cannot run here (at trace time)."""
 
   def prepared(c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, sizes, window, interpret):

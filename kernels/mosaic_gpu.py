@@ -35,6 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .backends import Backend, register_backend
+from .target import compute_capability, ptxas_version, target_platform
 from .block_sizes import BlockSizes
 from .gpu_calls import LOG2_E, GpuKernels, Shapes, grad_scale, single_device
 
@@ -59,26 +60,49 @@ def available():
 
 
 def on_gpu():
-  return jax.default_backend() == "gpu"
+  """Whether the kernels can be built: on a GPU, or compiling for an absent one (target.py)."""
+  return target_platform() == "gpu"
+
+
+# ptxas from CUDA 12.8.0 up to 12.9.1 (exclusive) miscompiles the iota comparisons that causal
+# masks are built from; JAX's own Hopper attention (attention_mgpu) refuses causal masks there.
+# It tests the CUDA runtime's version; the kernels here are assembled by the ptxas that XLA
+# finds (target.ptxas_version), so that is the one tested. CUDA 12.8.0's ptxas reports V12.8.61 and
+# 12.9.1's V12.9.86.
+MISCOMPILING_PTXAS = ((12, 8, 0), (12, 9, 86))
 
 
 def check_runnable(interpret):
-  if not interpret and not on_gpu():
+  if interpret:
+    return
+  if not on_gpu():
     raise ValueError("forgetting_attention: impl='mosaic_gpu' needs a Hopper GPU; on CPU pass "
                      "interpret=True (slow, for tests, jax >= 0.11.2) or use impl='xla'")
-  capability = None if interpret else getattr(jax.devices()[0], "compute_capability", None)
-  if capability is not None and not str(capability).startswith("9."):
+  capability = compute_capability()
+  if capability is not None and not capability.startswith("9."):
     raise ValueError(f"forgetting_attention: impl='mosaic_gpu' runs on Hopper (sm_90: wgmma, TMA); this GPU "
-                     f"is sm_{str(capability).replace('.', '')}: use impl='pallas'")
+                     f"is sm_{capability.replace('.', '')}: use impl='pallas'")
+  version = ptxas_version()
+  if version is not None and MISCOMPILING_PTXAS[0] <= version < MISCOMPILING_PTXAS[1]:
+    raise ValueError(f"forgetting_attention: impl='mosaic_gpu' is refused with ptxas "
+                     f"{'.'.join(map(str, version))}, which miscompiles causal masks (CUDA 12.8.0 to 12.9.0); "
+                     f"install nvidia-cuda-nvcc-cu12>=12.9.86 or use impl='pallas'")
 
 
-def fit_block_sizes(block_sizes, seq_len, head_dim):
+def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None):
   """The kernels' fixed tiles (their shapes follow wgmma's and the warpgroups'); other sizes
   are refused in one line."""
-  del seq_len, head_dim
+  del seq_len, head_dim, dtype
   if block_sizes is not None and block_sizes.fitted(1 << 30) != TILES.fitted(1 << 30):
     raise ValueError(f"forgetting_attention: impl='mosaic_gpu' runs fixed tiles {TILES}; got {block_sizes}")
   return TILES
+
+
+def _named(body, kernel):
+  """``body`` named forgetting_attention_mgpu_<kernel>: the name its compiled kernel, its
+  compiler dumps (MOSAIC_GPU_DUMP_TO) and a profile show."""
+  body.__name__ = body.__qualname__ = f"forgetting_attention_mgpu_{kernel}"
+  return body
 
 
 def _interpret(static):
@@ -250,7 +274,8 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
     )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
 
   return plgpu.kernel(
-      body, out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
+      _named(body, "fwd"),
+      out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
       scratch_types=[plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q
                      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # o
                      plgpu.SMEM((COMPUTE_WGS, bq, bk), q.dtype, transforms=p_tile),  # P
@@ -319,7 +344,7 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
          else jax.ShapeDtypeStruct(q.shape, q.dtype))
   out_smem = plgpu.SMEM((bq,), jnp.float32) if row_term else plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile)
   return plgpu.kernel(
-      body, out_type=out,
+      _named(body, "row_term" if row_term else "dq"), out_type=out,
       scratch_types=[plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # q
                      plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # dO
                      plgpu.SMEM((6, bq), jnp.float32),  # the rows' c hi, c lo, ids, lse, delta, threshold
@@ -388,7 +413,7 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
 
   share = jax.ShapeDtypeStruct(q.shape, share_dtype)
   return plgpu.kernel(
-      body, out_type=(share, share, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
+      _named(body, "dkv"), out_type=(share, share, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
       scratch_types=[plgpu.SMEM((bk, head_dim), k.dtype, transforms=tile),  # k
                      plgpu.SMEM((bk, head_dim), v.dtype, transforms=tile),  # v
                      plgpu.SMEM((4, bk), jnp.float32),  # the columns' c hi, c lo, ids, threshold

@@ -31,7 +31,7 @@ so the same kernels serve one device (the sequence with itself, offsets 0) and t
 context-parallel ring's chunk pairs (``pair_kernels`` on the Backend entry). One device is a
 compile-time special case (``Static.pair`` False): one whole set of vectors serves both sides
 and there is no offsets operand, so its kernels keep the registers they had before the pairs
-(benchmarks/triton_compile.py: spills within a few bytes of them). On one device q,
+(measured with the compile check of the day, benchmarks/compile_check.py's predecessor). On one device q,
 k, v and o stay in the caller's [batch, seq, heads, head_dim] layout (block specs pick one
 head per program); the ring's chunks are heads-major [batch, heads, seq, head_dim], which
 only the block specs see. The per-position vectors (c, segment ids, lse, delta, dc) are
@@ -64,6 +64,7 @@ from . import decay
 from .gpu_calls import LOG2_E, GpuKernels, Shapes, grad_scale, pair_kernels, single_device
 from .gqa import kv_head
 from .pruning import unless_skipped
+from .target import target_platform
 from .reference import tile_logits
 
 try:  # the Triton compiler parameters exist only where Pallas GPU is built in
@@ -76,18 +77,37 @@ MIN_BLOCK = 16  # Triton's dot needs tiles of at least 16 x 16
 THRESHOLD_WIDTH = 16  # the threshold and the offsets travel broadcast to 16 lanes
 
 
-def default_block_sizes(head_dim):
-  """The official FoX kernel's H100/H200 tiles (REFERENCE.md), per head dim."""
-  if head_dim <= 64:
-    return BlockSizes(block_q=128, block_k=64, block_q_dkv=128, block_k_dkv=64,
-                      block_q_dq=128, block_k_dq=128)
-  return BlockSizes(block_q=128, block_k=128, block_q_dkv=64, block_k_dkv=64,
-                    block_q_dq=128, block_k_dq=128)
+# Tiles and (num_warps, num_stages) per kernel, by (float32 inputs, head dim > 64), chosen from what
+# ptxas reports for sm_90a (benchmarks/compile_check.py, docs/compile_check.md): for bf16/fp16
+# the largest that leave every kernel without register spills, grouped K/V, a window, segments
+# and pruning included. The official FoX kernel's H100 tiles, which these were until Dec 2026,
+# spill there: at d = 128 the forward (128 x 128: 100 B), dQ (488 B), row term and dK/dV (64 x 64,
+# 4 warps: 1,048 B); at d = 64 dK/dV (128 x 64, 4 warps: 2,240 B with grouped K/V). float32
+# inputs multiply in IEEE float32 on the CUDA cores (Triton's FMA dot keeps both operand tiles in
+# registers, no tensor cores): the 16-bit tiles spill 4-55 KB there and at d = 128 do not even
+# fit shared memory (296 KiB asked); small tiles with many warps spill nothing at d = 64 and,
+# the least of those tried at d = 128, 520 B (dK/dV) and 56 B (dQ). The row term (bf16/fp16
+# only) runs the dQ kernel's tiles and launch shape.
+TILES = {
+    (False, False): (BlockSizes(128, 64, 32, 64, 128, 64), {"fwd": (8, 3), "dkv": (4, 3), "dq": (8, 3)}),
+    (False, True): (BlockSizes(128, 64, 32, 64, 128, 64), {"fwd": (8, 3), "dkv": (8, 2), "dq": (8, 3)}),
+    (True, False): (BlockSizes(32, 32, 16, 16, 32, 32), {"fwd": (8, 2), "dkv": (4, 1), "dq": (8, 2)}),
+    (True, True): (BlockSizes(16, 32, 16, 16, 16, 16), {"fwd": (8, 2), "dkv": (8, 1), "dq": (8, 1)}),
+}
 
 
-def fit_block_sizes(block_sizes, seq_len, head_dim):
+def _tiles(head_dim, dtype):
+  return TILES[jnp.dtype(dtype) == jnp.float32, head_dim > 64]
+
+
+def default_block_sizes(head_dim, dtype=jnp.bfloat16):
+  """The default tiles for ``head_dim`` and the inputs' ``dtype`` (``TILES``)."""
+  return _tiles(head_dim, dtype)[0]
+
+
+def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=jnp.bfloat16):
   """``block_sizes`` (default: ``default_block_sizes``) fitted to seq_len, at least 16."""
-  return (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
+  return (block_sizes or default_block_sizes(head_dim, dtype)).fitted(seq_len, minimum=MIN_BLOCK)
 
 
 def _dot(a, b):
@@ -97,8 +117,9 @@ def _dot(a, b):
 
 
 def on_gpu():
-  """Whether un-interpreted kernels can run here (tests patch this to lower for CUDA on CPU)."""
-  return jax.default_backend() == "gpu"
+  """Whether un-interpreted kernels can be built: on a GPU, or compiling for an absent one
+  (target.py; tests also patch this to lower for CUDA on CPU)."""
+  return target_platform() == "gpu"
 
 
 def check_runnable(interpret):
@@ -107,12 +128,10 @@ def check_runnable(interpret):
                      "(slow, for tests) or use impl='xla'")
 
 
-def _compiler_params(head_dim, kernel):
+def _compiler_params(head_dim, dtype, kernel):
   if plgpu is None:
     return None
-  warps = {"fwd": 8, "dkv": 4, "dq": 8}[kernel]
-  stages = {"fwd": 3 if head_dim <= 64 else 2, "dkv": 3 if head_dim <= 64 else 2,
-            "dq": 4 if head_dim <= 64 else 2}[kernel]
+  warps, stages = _tiles(head_dim, dtype)[1][kernel]
   return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
 
 
@@ -379,10 +398,11 @@ def _options(static, bq, bk, grads=False):
   return options
 
 
-def _call(kernel, name, shapes, grid, in_specs, out_specs, out_shape, static, which):
+def _call(kernel, name, shapes, grid, in_specs, out_specs, out_shape, static, which, dtype):
+  """``which`` kernel's pallas_call, launched as ``TILES`` says for the inputs' ``dtype``."""
   return pl.pallas_call(kernel, grid=(grid, shapes.batch, shapes.heads), in_specs=in_specs,
                         out_specs=out_specs, out_shape=out_shape,
-                        compiler_params=_compiler_params(shapes.head_dim, which),
+                        compiler_params=_compiler_params(shapes.head_dim, dtype, which),
                         interpret=static.interpret, name=f"forgetting_attention_{name}")
 
 
@@ -393,7 +413,7 @@ def _forward(q, k, v, ops, static):
   kernel = functools.partial(_forward_kernel, **_options(static, bq, bk))
   return _call(kernel, "fwd", shapes, shapes.q_len // bq, _by_query_block(shapes, bq),
                [_seq(shapes, bq), _vec_block(bq)], [shapes.like(q, q.dtype), shapes.vector(shapes.q_len)],
-               static, "fwd")(*_operands(q, k, v, ops, static))
+               static, "fwd", q.dtype)(*_operands(q, k, v, ops, static))
 
 
 def _row_term(q, k, v, ops, do, lse2, static):
@@ -403,7 +423,7 @@ def _row_term(q, k, v, ops, do, lse2, static):
   kernel = functools.partial(_row_term_kernel, **_options(static, bq, bk))
   return _call(kernel, "row_term", shapes, shapes.q_len // bq,
                _by_query_block(shapes, bq) + [_seq(shapes, bq), _vec_block(bq)], _vec_block(bq),
-               shapes.vector(shapes.q_len), static, "dq")(*_operands(q, k, v, ops, static), do, lse2)
+               shapes.vector(shapes.q_len), static, "dq", q.dtype)(*_operands(q, k, v, ops, static), do, lse2)
 
 
 def _backward_dq(q, k, v, ops, do, lse2, delta, static):
@@ -413,7 +433,7 @@ def _backward_dq(q, k, v, ops, do, lse2, delta, static):
   kernel = functools.partial(_dq_kernel, **_options(static, bq, bk, grads=True))
   return _call(kernel, "dq", shapes, shapes.q_len // bq,
                _by_query_block(shapes, bq) + [_seq(shapes, bq), _vec_block(bq), _vec_block(bq)],
-               _seq(shapes, bq), shapes.like(q, q.dtype), static, "dq",
+               _seq(shapes, bq), shapes.like(q, q.dtype), static, "dq", q.dtype,
                )(*_operands(q, k, v, ops, static), do, lse2, delta)
 
 
@@ -426,7 +446,7 @@ def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
   dk, dv, dc = _call(kernel, "dkv", shapes, shapes.k_len // bk, _by_key_block(shapes, bk),
                      [_seq(shapes, bk), _seq(shapes, bk), _vec_block(bk)],
                      [shapes.key_shares(k), shapes.key_shares(v), shapes.vector(shapes.k_len)], static,
-                     "dkv")(*_operands(q, k, v, ops, static), do, lse2, delta)
+                     "dkv", q.dtype)(*_operands(q, k, v, ops, static), do, lse2, delta)
   return shapes.summed(dk, k), shapes.summed(dv, v), dc
 
 

@@ -60,6 +60,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from . import decay, row_term
 from .backends import Backend, register_backend
+from .target import target_platform
 from .vjp import BackendKernels, differentiable
 from .gqa import group_sum, kv_head
 from .block_sizes import (BlockSizes, first_key_block_in_window, heads_major, padded_length,
@@ -79,8 +80,9 @@ _PARALLEL, _ARBITRARY = "parallel", "arbitrary"
 
 
 def on_tpu():
-  """Whether un-interpreted kernels can run here (tests patch this to lower for TPU on CPU)."""
-  return jax.default_backend() == "tpu"
+  """Whether un-interpreted kernels can be built: on a TPU, or compiling for an absent one
+  (target.py; tests also patch this to lower for TPU on CPU)."""
+  return target_platform() == "tpu"
 
 
 def vmem_bytes(outer, inner, head_dim, dtype):
@@ -125,8 +127,8 @@ def _block_gaps(c, block_rows, block_cols):
 
 
 def _static(value, like):
-  """A block_sizes.py bound (evaluated at trace time: its inputs are numpy constants) as an
-  int numpy array shaped like ``like``."""
+  """A block_sizes.py bound (numpy: its inputs are numpy constants) as an int numpy array shaped
+  like ``like``."""
   return np.asarray(value, np.int64) * np.ones_like(like)
 
 
@@ -148,8 +150,7 @@ def key_ranges(c, threshold, bq, bk, window):
   batch, heads, seq_len = decay.coarse(c).shape
   q_start = np.arange(seq_len // bq) * bq
   hi = (q_start + bq + bk - 1) // bk
-  with jax.ensure_compile_time_eval():
-    lo = _static(first_key_block_in_window(q_start, bk, window), hi)
+  lo = _static(first_key_block_in_window(q_start, bk, window), hi)
   shape = (batch, heads, len(q_start))
   if threshold is None:
     lo_blocks = jnp.broadcast_to(jnp.asarray(lo, jnp.int32), shape)
@@ -169,8 +170,7 @@ def query_ranges(c, threshold, bq, bk, window):
   num_q_blocks = seq_len // bq
   k_start = np.arange(seq_len // bk) * bk
   lo = k_start // bq
-  with jax.ensure_compile_time_eval():
-    hi = _static(query_block_end_in_window(k_start, bk, bq, num_q_blocks, window), lo)
+  hi = _static(query_block_end_in_window(k_start, bk, bq, num_q_blocks, window), lo)
   shape = (batch, heads, len(k_start))
   if threshold is None:
     hi_blocks = jnp.broadcast_to(jnp.asarray(hi, jnp.int32), shape)

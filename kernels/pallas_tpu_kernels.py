@@ -23,10 +23,16 @@ from . import decay
 
 
 def _matmul(a, b, contract):
-  """a . b over dims ``contract`` = (a's, b's), accumulated in float32; float32 inputs in full
-  float32 precision (the MXU's default would round them to bf16)."""
+  """a . b over dims ``contract`` = (a's, b's), accumulated in float32. Two float32 operands
+  multiply in full float32 precision (the MXU's default would round them to bf16); bf16/fp16
+  operands at the MXU's native precision, which is exact for them: libtpu's Mosaic rejects a
+  float32 contract precision on narrower operands ("Bad lhs type", every TPU). Said explicitly,
+  not left to None, which would take jax_default_matmul_precision ("highest" is a common
+  setting, and the tests' own) and fail the same way."""
+  full = a.dtype == jnp.float32 and b.dtype == jnp.float32
   return lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())),
-                         precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+                         precision=lax.Precision.HIGHEST if full else lax.Precision.DEFAULT,
+                         preferred_element_type=jnp.float32)
 
 
 NN, NT = (1, 0), (1, 1)  # a @ b, a @ b.T

@@ -27,6 +27,7 @@ import importlib.util
 
 import jax.numpy as jnp
 
+from . import target
 from .backends import Backend, register_backend
 from .block_sizes import BlockSizes
 from .gpu_calls import LOG2_E, GpuKernels, Shapes, grad_scale, pair_kernels, single_device
@@ -39,13 +40,14 @@ INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
 
 
 def default_block_sizes(head_dim):
-  """Tiles per head dim, chosen from the sm_90a compile report (benchmarks/
-  triton_kernels_compile.py; results/triton_kernels_compile_sm90.json): the largest that leave
-  every kernel without register spills at the paper's shapes, pruning and windows included. The
-  Pallas backend's tiles (the official kernel's) spill here: 128 x 128 forward and dQ tiles at
-  d = 128 (the forward by 112 bytes), and dQ/row term at d = 64 once pruning adds its pass."""
+  """Tiles per head dim, chosen from what ptxas reports for sm_90a (benchmarks/compile_check.py,
+  docs/compile_check.md): the largest that leave every kernel without register spills in
+  bf16/fp16, grouped K/V, windows, segments and pruning included. Until Dec 2026 dK/dV ran
+  128 x 64 (d = 64) and 32 x 64 with 4 warps (d = 128), which spilled 4 bytes with a window and
+  pruning. float32 inputs (IEEE products on the CUDA cores) spill at these tiles:
+  docs/compile_check.md has the bytes."""
   if head_dim <= 64:
-    return BlockSizes(block_q=128, block_k=64, block_q_dkv=128, block_k_dkv=64,
+    return BlockSizes(block_q=128, block_k=64, block_q_dkv=64, block_k_dkv=64,
                       block_q_dq=128, block_k_dq=64)
   return BlockSizes(block_q=128, block_k=64, block_q_dkv=32, block_k_dkv=64,
                     block_q_dq=128, block_k_dq=64)
@@ -53,7 +55,7 @@ def default_block_sizes(head_dim):
 
 # (num_warps, num_stages) per kernel, for head dim <= 64 / 128, with the tiles above (the same
 # compile report); the row term runs dQ's tiles.
-LAUNCH_SHAPES = {"forward_kernel": ((8, 3), (8, 3)), "dkv_kernel": ((8, 3), (4, 3)),
+LAUNCH_SHAPES = {"forward_kernel": ((8, 3), (8, 3)), "dkv_kernel": ((8, 3), (8, 3)),
                  "dq_kernel": ((8, 3), (8, 3)), "row_term_kernel": ((8, 3), (8, 3))}
 
 # A launcher other than jax-triton's (tests set one); None: ``jax_triton_call``.
@@ -63,7 +65,13 @@ launcher = None
 def jax_triton_call(kernel_name, grid, inputs, out_types, num_warps, num_stages, constexprs,
                     compute_capability=None):
   """Launch ``triton_kernels.<kernel_name>`` through jax-triton. ``compute_capability`` (e.g. 90)
-  lets a machine without a GPU lower the call; None asks the local GPU."""
+  lets a machine without a GPU lower the call; None: the GPU the kernels are built for (this
+  machine's, or the absent one an ahead-of-time compile targets, target.py).
+
+  The PTX that Triton writes is assembled by the ptxas XLA uses, which is not Triton's own:
+  Triton 3.9 writes PTX ISA 9.4 for Hopper (its bundled CUDA 13.4 ptxas), which the CUDA 12.9
+  ptxas of ``jax[cuda12]`` refuses ("Unsupported .version 9.4"; found by compiling for sm_90a,
+  benchmarks/compile_check.py). So Triton is told the newest ISA that ptxas takes."""
   try:
     import jax_triton
   except ImportError as error:
@@ -71,12 +79,16 @@ def jax_triton_call(kernel_name, grid, inputs, out_types, num_warps, num_stages,
   from . import triton_kernels
   # jax-triton 0.4 names the outputs ``out_type``; 0.3.1 (Python 3.11+, triton 3.6, what a
   # machine whose torch pins triton 3.6 can install) names them ``out_shape``.
-  outputs = ("out_type" if "out_type" in inspect.signature(jax_triton.triton_call).parameters
-             else "out_shape")
+  parameters = inspect.signature(jax_triton.triton_call).parameters
+  outputs = "out_type" if "out_type" in parameters else "out_shape"
+  if compute_capability is None and (capability := target.compute_capability()) is not None:
+    compute_capability = int(capability.replace(".", ""))
+  isa = target.ptx_isa_version() if "backend_options" in parameters else None  # (0.3.1 has none)
   return jax_triton.triton_call(
       *inputs, kernel=getattr(triton_kernels, kernel_name), grid=grid,
       name=f"forgetting_attention_{kernel_name}", num_warps=num_warps, num_stages=num_stages,
-      compute_capability=compute_capability, **{outputs: out_types}, **constexprs)
+      compute_capability=compute_capability, backend_options={"ptx_version": isa} if isa else None,
+      **{outputs: out_types}, **constexprs)
 
 
 def _launch(kernel_name, grid, inputs, out_types, head_dim, **constexprs):
@@ -140,7 +152,7 @@ def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
 KERNELS = GpuKernels(_forward, _row_term, _backward_dq, _backward_dkv)
 
 
-def fit_block_sizes(block_sizes, seq_len, head_dim):
+def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None):
   """``block_sizes`` (default: ``default_block_sizes``) fitted to seq_len, at least 16."""
   return (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
 

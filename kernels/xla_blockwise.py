@@ -309,10 +309,10 @@ def xla_attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, i
   return jnp.swapaxes(o, 1, 2)[:, :seq_len]
 
 
-def fit_block_sizes(block_sizes, seq_len, head_dim=None):
+def fit_block_sizes(block_sizes, seq_len, head_dim=None, dtype=None):
   """``block_sizes`` (default 128 x 128) fitted to seq_len; every sweep runs block_q x block_k
   (the backward sizes are set to them, so the padding is a multiple of those two only)."""
-  del head_dim  # any
+  del head_dim, dtype  # any
   sizes = block_sizes or BlockSizes()
   return BlockSizes(sizes.block_q, sizes.block_k).fitted(seq_len)
 

@@ -51,6 +51,15 @@ from .steps import (create_train_state, eval_step, learning_rate_schedule, make_
 from .throughput import mfu, peak_flops
 
 
+def batch_sharding(mesh, ndim):
+  """Where a global batch's leaf of ``ndim`` dims lives: split over the batch axes (data x fsdp)
+  and, on a mesh with a context axis, [batch, seq, ...] leaves (tokens, targets, masks, segment
+  ids) along their sequence too."""
+  if context_ways(mesh) > 1 and ndim >= 2:
+    return NamedSharding(mesh, P(("data", "fsdp"), "context"))
+  return NamedSharding(mesh, P(("data", "fsdp")))
+
+
 class TrainingData:
   """The training iterator, the evaluation set and the placement of a process's batches as
   global arrays sharded over the mesh's batch axes."""
@@ -61,19 +70,13 @@ class TrainingData:
       raise experiment.ConfigError(
           f"data.batch_size: {config.data.batch_size} is not divisible by the data axes (data x fsdp "
           f"= {data_ways}) times train.grad_accum_steps={config.train.grad_accum_steps}")
-    self.sharding = NamedSharding(mesh, P(("data", "fsdp")))
-    # [batch, seq] leaves (tokens, targets, masks, segment ids) split their sequence too
-    self.sequence_sharding = NamedSharding(mesh, P(("data", "fsdp"), "context"))
-    self.context = context_ways(mesh) > 1
+    self.mesh = mesh
     self.train = make_iterator(make_dataset(config.data, config.train.seed, "train"))
     max_examples = config.train.eval_batches * config.data.batch_size or None
     self.eval = make_dataset(config.data, config.train.seed, "eval", max_examples=max_examples)
 
   def place(self, batch):
-    def placed(x):
-      sharding = self.sequence_sharding if self.context and x.ndim >= 2 else self.sharding
-      return jax.make_array_from_process_local_data(sharding, x)
-    return jax.tree.map(placed, batch)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding(self.mesh, x.ndim), x), batch)
 
   def evaluate(self, state, eval_fn):
     """``eval_<name>`` = the mean of every metric over the whole evaluation set (sums and
@@ -119,6 +122,17 @@ def check_context_parallel(family, config, mesh):
     raise experiment.ConfigError(f"train.mesh_context: the {ways} devices of a context group must be on one host "
                                  f"(each process reads whole sequences); use at most "
                                  f"{jax.local_device_count()} per host")
+
+
+def model_and_mesh(config, devices=None):
+  """(family, model, mesh, sharding rules) of ``config`` over ``devices`` (default: this
+  process's view of all devices), after the family's and the mesh's context-parallel checks."""
+  family = models.get(config.model.family)
+  check_context_family(family, config.train.mesh_context if config.train.mesh_context > 0 else 1)
+  model = family.build(config.model)
+  mesh = make_mesh(config.train, devices)
+  check_context_parallel(family, config, mesh)
+  return family, model, mesh, rules_from_config(config.train)
 
 
 def compiled_steps(family, config, shardings):
@@ -223,12 +237,7 @@ def train(config, resume=False, progress=True, devices=None, resume_command=None
   problem = impl and platform_problem(impl)  # the config check could not know where it would run
   if problem:
     raise experiment.ConfigError(f"model.attention_impl: {problem}")
-  family = models.get(config.model.family)
-  check_context_family(family, config.train.mesh_context if config.train.mesh_context > 0 else 1)
-  model = family.build(config.model)
-  mesh = make_mesh(config.train, devices)
-  check_context_parallel(family, config, mesh)
-  rules = rules_from_config(config.train)
+  family, model, mesh, rules = model_and_mesh(config, devices)
   with stop_requests() as stop, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     data = TrainingData(config, mesh)
     optimizer = make_optimizer(config.train)

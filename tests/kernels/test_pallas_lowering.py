@@ -5,7 +5,7 @@ Triton lowering, which rejects what a GPU cannot do (unsupported primitives, arr
 are not powers of two, scalar/vector mixing). Lowering for the "cuda" platform needs no GPU, so
 these tests run that translation in CI for every head dim, dtype, and with pruning, segments
 and padding. The target is an abstract H200 (JAX >= 0.11 reads the GPU generation from the
-mesh's device). benchmarks/triton_compile.py goes on to PTX and machine code.
+mesh's device). tests/kernels/test_compile_for_chips.py goes on to PTX and machine code (Python 3.12).
 """
 
 import contextlib

@@ -1,0 +1,46 @@
+"""The trainer's training step compiled for a chip that is absent.
+
+The same pieces as a real run (``lpcjax.training.loop.train``): the family's model and loss,
+the config's mesh over the target's compile-only devices, the sharding rules, the optimizer and
+its state shardings, the attention backend; only the step is compiled, never run, and nothing
+is written anywhere. The batch is the data pipeline's own example shape (one example of the
+config's data source), batch_size of them, placed as the trainer places them.
+"""
+
+import flax.linen as nn
+import jax
+
+from lpcjax.data import make_source
+from lpcjax.kernels.target import building_for
+from lpcjax.sharding import check_divisible
+from lpcjax.training.loop import batch_sharding, compiled_steps, model_and_mesh
+from lpcjax.training.steps import make_optimizer, state_shardings
+
+from .targets import no_compilation_cache
+
+
+def abstract_batch(config, mesh):
+  """One global batch as ShapeDtypeStructs in the trainer's shardings: the data source's first
+  example, ``data.batch_size`` of them."""
+  example = make_source(config.data, config.train.seed, "train")[0]
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct((config.data.batch_size, *x.shape), x.dtype,
+                                                     sharding=batch_sharding(mesh, x.ndim + 1)), example)
+
+
+def compile_train_step(config, devices, compiler_options=None):
+  """The jitted training step of ``config`` (an ExperimentConfig) lowered and compiled for
+  ``devices`` (``targets.compile_only_devices``); a ``jax.stages.Compiled``."""
+  family, model, mesh, rules = model_and_mesh(config, devices)
+  # The target's devices are the mesh and the default device only for the trace, lowering and
+  # compile (Pallas on Triton reads the GPU there): what runs eagerly before (optax initialising
+  # the abstract state) cannot run on devices that are not here. Until then the mesh is abstract.
+  with nn.logical_axis_rules(rules), building_for(devices[0]):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      optimizer = make_optimizer(config.train)
+      abstract, shardings = state_shardings(family, model, config, optimizer, mesh, rules)
+    check_divisible(abstract.params, shardings.params)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+    step, _ = compiled_steps(family, config, shardings)
+    batch = abstract_batch(config, mesh)
+    with jax.set_mesh(mesh), jax.default_device(devices[0]), no_compilation_cache():
+      return step.trace(state, batch).lower().compile(compiler_options)

@@ -1,0 +1,116 @@
+"""lpcjax.aot's parts that need no compiler: target names, the GPU target config, the readers of
+ptxas's and nvdisasm's output and of a compiled TPU program, the PTX ISA a ptxas takes, the ptxas
+guard of impl="mosaic_gpu", and the one-line error where the compilers are missing. The compiles
+themselves: tests/kernels/test_compile_for_chips.py (CI's Python 3.12 leg)."""
+
+import importlib.util
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lpcjax.aot import TargetError, compile_only_devices, parse_target
+from lpcjax.aot.compiler_reports import sass_mix, tpu_reports
+from lpcjax.aot.targets import GPU_CHIPS, gpu_target_config
+from lpcjax.kernels import block_sizes, mosaic_gpu, target
+
+
+@pytest.mark.parametrize("name, kind, chip, processes, per_process", [
+    ("h100", "gpu", "h100", 1, 1), ("H200x8", "gpu", "h200", 1, 8), ("2xh100x8", "gpu", "h100", 2, 8),
+    ("v5e", "tpu", "v5e", 1, 1), ("v5e-16", "tpu", "v5e", 2, 8), ("v5p-8", "tpu", "v5p", 2, 4),
+])
+def test_target_names(name, kind, chip, processes, per_process):
+  found = parse_target(name)
+  assert (found.kind, found.chip, found.processes, found.devices_per_process) == (kind, chip, processes, per_process)
+
+
+@pytest.mark.parametrize("name, message", [("a100", "unknown target 'a100'"), ("v5e-3", "v5e slices of")])
+def test_an_unknown_target_is_one_line(name, message):
+  with pytest.raises(TargetError, match=message) as error:
+    parse_target(name)
+  assert "\n" not in str(error.value)
+
+
+def test_the_h100_target_config_says_sm_90a_and_the_data_sheet():
+  text = gpu_target_config(GPU_CHIPS["h100"])
+  for field in ("major: 9", "minor: 0", "feature_extension: ACCELERATED_FEATURES", "core_count: 132",
+                f"shared_memory_per_block_optin: {227 * 1024}", 'platform_name: "CUDA"'):
+    assert field in text
+  assert text.count("{") == text.count("}")
+
+
+def installed(module):
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ImportError:  # its parent package is missing
+    return False
+
+
+@pytest.mark.skipif(installed("jax_plugins.xla_cuda12"), reason="the compiler is here")
+def test_without_the_gpu_compiler_the_error_says_what_to_install():
+  with pytest.raises(TargetError, match=r"target h100: no GPU compiler here .*lpcjax\[aot\]") as error:
+    compile_only_devices("h100")
+  assert "\n" not in str(error.value)
+
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0020*/                   MUFU.EX2 R3, R2 ;
+        /*0030*/                   FFMA R4, R3, R5, R6 ;
+        /*0040*/                   STL [R1], R4 ;
+        /*0050*/               @P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0060*/                   SYNCS.PHASECHK.TRANS64 P0, [UR4], R0 ;
+        /*0070*/              @!P0 BRA `(.L_x_2) ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_the_instruction_mix_counts_the_tensor_core_loop_only():
+  """The spin-wait loop (no tensor-core instruction) is left out; the other is counted by class."""
+  assert sass_mix(SASS) == [{"total": 5, "tensor": 1, "mufu": 1, "fp32": 1, "spill": 1, "control": 1}]
+
+
+def test_tpu_kernels_are_named_and_their_vmem_read():
+  line = ('  %x = f32[8] custom-call(%a), custom_call_target="tpu_custom_call", metadata={op_name="jit(f)/'
+          'transpose(jvp(forgetting_attention_tpu_dkv))/pallas_call"}, backend_config={"custom_call_config":{},'
+          '"used_scoped_memory_configs":[{"memory_space":"1","offset":"0","size":"2027520"}]}')
+  [report] = tpu_reports("ENTRY {\n" + line + "\n}")
+  assert (report.name, report.compiler, report.vmem_bytes) == ("forgetting_attention_tpu_dkv", "mosaic-tpu", 2027520)
+
+
+@pytest.mark.parametrize("version, isa", [((12, 4, 131), 84), ((12, 6, 85), 85), ((12, 9, 86), 88), ((13, 0, 48), 90),
+                                          ((13, 4, 0), 94), (None, None)])
+def test_the_ptx_isa_a_ptxas_takes(monkeypatch, version, isa):
+  monkeypatch.setattr(target, "ptxas_version", lambda: version)
+  assert target.ptx_isa_version() == isa
+
+
+@pytest.mark.parametrize("version, refused", [((12, 8, 61), True), ((12, 9, 41), True), ((12, 9, 86), False),
+                                              ((12, 6, 85), False), ((13, 0, 48), False)])
+def test_mosaic_gpu_refuses_the_ptxas_that_miscompiles_causal_masks(monkeypatch, version, refused):
+  monkeypatch.setattr(mosaic_gpu, "on_gpu", lambda: True)
+  monkeypatch.setattr(mosaic_gpu, "compute_capability", lambda: "9.0")
+  monkeypatch.setattr(mosaic_gpu, "ptxas_version", lambda: version)
+  if not refused:
+    mosaic_gpu.check_runnable(interpret=False)
+    return
+  with pytest.raises(ValueError, match="miscompiles causal masks") as error:
+    mosaic_gpu.check_runnable(interpret=False)
+  assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("window", [None, 1, 100, 300])
+def test_window_bounds_on_numpy_starts_are_numpy_and_equal_the_traced_ones(window):
+  """The TPU wrapper's static visit ranges run on the host (an ahead-of-time compile's default
+  device is a chip that is absent): numpy in, numpy out, the same bounds as for jax ints."""
+  starts = np.arange(0, 1024, 128)
+  first = block_sizes.first_key_block_in_window(starts, 64, window)
+  end = block_sizes.query_block_end_in_window(starts - 256, 64, 128, 8, window)
+  for numpy_bound, jax_bound in ((first, block_sizes.first_key_block_in_window(jnp.asarray(starts), 64, window)),
+                                 (end, block_sizes.query_block_end_in_window(jnp.asarray(starts) - 256, 64, 128, 8,
+                                                                             window))):
+    assert not hasattr(numpy_bound, "devices")  # not a jax array
+    np.testing.assert_array_equal(numpy_bound, np.asarray(jax_bound))

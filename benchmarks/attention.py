@@ -66,7 +66,7 @@ def pallas_mha_nobias(q, k, v, log_f):
   from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
   from lpcjax.kernels.pallas_gpu import default_block_sizes
-  ours = default_block_sizes(q.shape[-1])
+  ours = default_block_sizes(q.shape[-1], q.dtype)
   tiles = pallas_attention.BlockSizes(
       block_q=ours.block_q, block_k=ours.block_k, block_q_dkv=ours.block_q_dkv,
       block_kv_dkv=ours.block_k_dkv, block_q_dq=ours.block_k_dkv, block_kv_dq=ours.block_k_dq)

@@ -123,7 +123,7 @@ FLOORS = {
     "lpcjax.models": 6,
     "lpcjax.experiment": 7, "lpcjax.paper_recipe": 7,
     "lpcjax.training": 8,
-    "lpcjax.runs": 9, "lpcjax.convert": 9,
+    "lpcjax.runs": 9, "lpcjax.convert": 9, "lpcjax.aot": 9,
     "lpcjax.generate": 10, "lpcjax.commands": 10, "lpcjax.convert.__main__": 10, "lpcjax.data.__main__": 10,
 }
 

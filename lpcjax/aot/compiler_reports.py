@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from typing import Optional
 
@@ -323,8 +324,8 @@ def _jax_triton_dumps(folder):
   except ImportError:
     yield
     return
-  from lpcjax.kernels import triton_kernels
-  for kernel in vars(triton_kernels).values():
+  kernels = sys.modules.get("lpcjax.kernels.triton_kernels")  # not imported yet: no cache to clear
+  for kernel in vars(kernels).values() if kernels else ():
     cache = getattr(kernel, "_jT_kernel_cache", None)
     if isinstance(cache, dict):
       cache.clear()

@@ -28,6 +28,8 @@ os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 from lpcjax.errors import UserError  # noqa: E402  (after the environment JAX's plugins read)
 
+from .compiler_reports import Toolchain  # noqa: E402
+
 GiB = 2**30
 
 
@@ -185,7 +187,6 @@ def compile_only_devices(target):
   from jax.experimental import topologies
   try:
     if target.kind == "gpu":
-      from .compiler_reports import Toolchain
       Toolchain.find().use_for_compiles()  # one ptxas for XLA and Mosaic GPU, whatever CUDA is here
       topology = topologies.get_topology_desc(
           platform="cuda", target_config=gpu_target_config(target.spec),

@@ -14,7 +14,12 @@ counts, not speeds; gpu_check.sh adds a runtime column on a GPU (benchmarks/gpu_
 peers' Triton kernels (the official FoX kernel, fla) are compiled by compile_peers.py.
 
   pip install -e ".[aot,triton]"        # Python >= 3.12: the compilers, no GPU or TPU needed
+  pip install nvidia-cuda-runtime-cu12  # only for attention_mgpu: its forward asks the runtime's version
   JAX_PLATFORMS=cpu python benchmarks/compile_check.py [--quick] [--only gpu|tpu|steps|peers]
+  python benchmarks/compile_check.py --markdown   # the docs' tables from the result files
+
+--only (a part) and --cases (names holding a text) run cases again and replace their rows in the
+result files, keeping the others.
 
 Writes results/compile_sm90.json and results/compile_tpu.json (and prints a table per target);
 a case that fails to compile is a row with the compiler's message, and the exit status is 1.
@@ -63,9 +68,17 @@ STEP_CASES = [("h100", "pallas"), ("h100", "triton"), ("h100", "mosaic_gpu"), ("
 
 
 def run_attention(target, fields):
-  from lpcjax.aot import compile_only_devices
+  """One attention case's row; ``over_limit`` names the kernels whose shared memory (GPU) or VMEM
+  (TPU, the default scoped limit) the chip could not give them: such a kernel compiles (jax-triton's
+  shared memory is only asked for at launch) but would not run."""
+  from lpcjax.aot import compile_only_devices, parse_target
   from lpcjax.aot.attention_check import AttentionCase, compile_attention
-  return compile_attention(AttentionCase(**fields), compile_only_devices(target), xla_triton_smem=True)
+  row = compile_attention(AttentionCase(**fields), compile_only_devices(target), xla_triton_smem=True)
+  spec = parse_target(target).spec
+  limit = getattr(spec, "smem_per_block_optin", None) or getattr(spec, "scoped_vmem_bytes", None)
+  used = lambda kernel: kernel.get("smem_bytes") or kernel.get("vmem_bytes") or 0
+  row["over_limit"] = [kernel["name"] for kernel in row.get("kernels", []) if used(kernel) > limit]
+  return row
 
 
 def run_attention_mgpu(target, fields):
@@ -80,7 +93,7 @@ def run_attention_mgpu(target, fields):
   from lpcjax.aot import compile_only_devices
   from lpcjax.aot.attention_check import first_line
   from lpcjax.aot.compiler_reports import GpuDumps
-  from lpcjax.aot.targets import no_compilation_cache
+  from lpcjax.aot.targets import COMPILER_OPTIONS, no_compilation_cache
   device = compile_only_devices(target)[0]
   config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, block_q_dkv=64,
                                        block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
@@ -93,7 +106,7 @@ def run_attention_mgpu(target, fields):
   try:
     with GpuDumps() as dumps, jax.default_device(device), no_compilation_cache():
       compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(qkv, qkv, qkv).lower().compile(
-          dumps.compiler_options)
+          {**COMPILER_OPTIONS, **dumps.compiler_options})
       kernels = dumps.reports(compiled.as_text())
   except Exception as error:  # the compiler's message is the result
     return {**row, "compiled": False, "error": first_line(error), "seconds": round(time.perf_counter() - start, 1)}
@@ -172,9 +185,10 @@ def table(rows):
   return "\n".join(lines)
 
 
-def markdown(paths):
-  """The docs' tables (docs/compile_check.md) from the result files: a row per kernel with its
-  registers, spills, shared memory or VMEM, threads and its lightest tensor-core loop's mix."""
+def markdown(paths, head_dim=128, dtype="bfloat16"):
+  """The docs' table (docs/compile_check.md) from the result files, a row per kernel of each
+  ``dtype`` case at ``head_dim`` (the JSON holds every case): registers, spills, shared memory or
+  VMEM, threads, and the instruction mix of the kernel's lightest tensor-core loop."""
   lines = ["| case | kernel | regs | spill B st/ld | SMEM or VMEM KiB | threads "
            "| loop: instr / mma / exp / fp32 / ld-st / sync |", "|---|---|---|---|---|---|---|"]
   for path in paths:
@@ -183,7 +197,8 @@ def markdown(paths):
     with open(path) as f:
       rows = json.load(f)["rows"]
     for row in rows:
-      if row.get("kind") == "train_step" or not row.get("compiled"):
+      if (row.get("kind") == "train_step" or not row.get("compiled") or row.get("head_dim") != head_dim
+              or row.get("dtype") != dtype):
         continue
       for kernel in row["kernels"]:
         memory = kernel.get("smem_bytes", kernel.get("vmem_bytes"))
@@ -192,8 +207,30 @@ def markdown(paths):
         mix = "–" if mix is None else " / ".join(str(mix.get(k, 0)) for k in (
             "total", "tensor", "mufu", "fp32", "load_store", "sync"))
         spills = "–" if "registers" not in kernel else "{spill_store_bytes}/{spill_load_bytes}".format(**kernel)
-        lines.append(f"| {row['case']} | {kernel['name']} | {kernel.get('registers', '–')} | {spills} | "
+        target = "" if row["target"].startswith("NVIDIA") else f" ({row['target']})"
+        lines.append(f"| {row['case']}{target} | {kernel['name']} | {kernel.get('registers', '–')} | {spills} | "
                      f"{'–' if memory is None else f'{memory / 1024:.0f}'} | {kernel.get('threads', '–')} | {mix} |")
+  return "\n".join(lines)
+
+
+def step_markdown(paths):
+  """The training steps' rows: target, backend, compiled or not, XLA's memory analysis per device."""
+  lines = ["| target | backend | arguments GiB | temporaries GiB | outputs GiB | code MiB | compile s |",
+           "|---|---|---|---|---|---|---|"]
+  for path in paths:
+    if not os.path.exists(path):
+      continue
+    with open(path) as f:
+      for row in json.load(f)["rows"]:
+        if row.get("kind") != "train_step":
+          continue
+        if not row["compiled"]:
+          lines.append(f"| {row['target']} | {row['impl']} | failed: {row['error'][:100]} | | | | |")
+          continue
+        m = row["memory"]
+        lines.append(f"| {row['target']} | {row['impl']} | {m['argument_size_in_bytes'] / 2**30:.2f} | "
+                     f"{m['temp_size_in_bytes'] / 2**30:.2f} | {m['output_size_in_bytes'] / 2**30:.2f} | "
+                     f"{m['generated_code_size_in_bytes'] / 2**20:.1f} | {row['seconds']} |")
   return "\n".join(lines)
 
 
@@ -201,11 +238,13 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="bf16 and two TPUs only (about a third of the grid)")
   parser.add_argument("--only", choices=("gpu", "tpu", "steps", "peers"), help="one part of the grid")
+  parser.add_argument("--cases", help="only the cases whose name holds this text (e.g. triton-float32)")
   parser.add_argument("--markdown", action="store_true", help="print the docs' table from the result files")
   parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one case, in this process
   args = parser.parse_args()
   if args.markdown:
-    print(markdown([os.path.join(RESULTS, name) for name in ("compile_sm90.json", "compile_tpu.json")]))
+    paths = [os.path.join(RESULTS, name) for name in ("compile_sm90.json", "compile_tpu.json")]
+    print(markdown(paths) + "\n\n" + step_markdown(paths))
     return
   if args.one:
     case = json.loads(args.one)
@@ -217,34 +256,58 @@ def main():
   from lpcjax.aot import parse_target
   from lpcjax.files import write_json_atomic
   cases = [("attention", target, fields) for target, fields in attention_grid(args.quick)]
-  cases += [("attention_mgpu", "h100", dict(impl="attention_mgpu", dtype="bfloat16", head_dim=head_dim, seq_len=16384,
+  cases += [("attention_mgpu", "h100", dict(impl="attention_mgpu", dtype="float16", head_dim=head_dim, seq_len=16384,
                                             heads=4)) for head_dim in (64, 128)]
   cases += [("train_step", target, impl) for target, impl in STEP_CASES]
-  kinds = {"gpu": "gpu", "tpu": "tpu"}
   rows = []
   for kind, target, payload in cases:
-    platform_kind = parse_target(target).kind
-    if args.only and (args.only == "steps") != (kind == "train_step"):
+    if not selected(args.only, kind, parse_target(target).kind):
       continue
-    if args.only and (args.only == "peers") != (kind == "attention_mgpu"):
-      continue
-    if args.only in kinds and kinds[args.only] != platform_kind:
+    if args.cases and args.cases not in case_name(kind, target, payload):
       continue
     row = in_fresh_process(kind, target, payload)
-    row["platform"] = platform_kind
+    row["platform"] = parse_target(target).kind
     rows.append(row)
     print(table([row]).split("\n", 1)[1], flush=True)
   machine = f"{platform.machine()}, {os.cpu_count()} CPUs, no accelerator"
-  header = {"date": datetime.date.today().isoformat(), "machine": machine,
-            "versions": versions(), "command": "JAX_PLATFORMS=cpu python benchmarks/compile_check.py"
-            + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")}
+  header = {"machine": machine, "versions": versions(),
+            "command": "JAX_PLATFORMS=cpu python benchmarks/compile_check.py" + (" --quick" if args.quick else "")}
   for platform_kind, name in (("gpu", "compile_sm90.json"), ("tpu", "compile_tpu.json")):
     part = [row for row in rows if row["platform"] == platform_kind]
-    if part:
-      path = os.path.join(RESULTS, name)
-      write_json_atomic(path, {**header, "rows": part})
-      print(f"wrote {path}")
-  sys.exit(0 if all(row["compiled"] for row in rows) else 1)
+    if not part:
+      continue
+    path = os.path.join(RESULTS, name)
+    kept = []  # a part run again (--only, --cases) replaces its own rows and keeps the others
+    if (args.only or args.cases) and os.path.exists(path):
+      ran = {row_key(row) for row in part}
+      with open(path) as f:
+        kept = [row for row in json.load(f)["rows"] if row_key(row) not in ran]
+    for row in part:
+      row["date"] = datetime.date.today().isoformat()
+    write_json_atomic(path, {**header, "rows": kept + part})
+    print(f"wrote {path}")
+  sys.exit(0 if all(row["compiled"] and not row.get("over_limit") for row in rows) else 1)
+
+
+def case_name(kind, target, payload):
+  """The name a case's row carries ("case"), known before it runs."""
+  if kind == "attention":
+    from lpcjax.aot.attention_check import AttentionCase
+    return AttentionCase(**payload).name
+  return f"{kind}-{target}-{payload if isinstance(payload, str) else payload['impl']}"
+
+
+def row_key(row):
+  return (row["kind"], row["target"], row.get("case") or row.get("impl"))
+
+
+def selected(only, kind, platform_kind):
+  """Whether a case of ``kind`` for a ``platform_kind`` target belongs to the part ``--only`` names."""
+  if only is None:
+    return True
+  attention = kind == "attention"
+  return {"steps": kind == "train_step", "peers": kind == "attention_mgpu",
+          "gpu": attention and platform_kind == "gpu", "tpu": attention and platform_kind == "tpu"}[only]
 
 
 if __name__ == "__main__":

@@ -46,6 +46,12 @@ class BlockSizes:
                self.block_q_dq or 0, self.block_k_dq or 0)
 
 
+def tiles_for(table, head_dim, dtype):
+  """A backend's tile table's entry, keyed by (float32 inputs, head dim > 64): GPU kernels need
+  other tiles for float32 (no tensor cores) and for the larger head dim (registers)."""
+  return table[jnp.dtype(dtype) == jnp.float32, head_dim > 64]
+
+
 def require_head_dim(impl, head_dim, supported):
   """The one-line error of a backend that cannot take ``head_dim``."""
   if head_dim not in supported:

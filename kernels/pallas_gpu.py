@@ -59,7 +59,7 @@ from jax.experimental import pallas as pl
 
 from .backends import Backend, register_backend
 
-from .block_sizes import BlockSizes, key_block_ranges, query_block_ranges
+from .block_sizes import BlockSizes, key_block_ranges, query_block_ranges, tiles_for
 from . import decay
 from .gpu_calls import LOG2_E, GpuKernels, Shapes, grad_scale, pair_kernels, single_device
 from .gqa import kv_head
@@ -96,13 +96,9 @@ TILES = {
 }
 
 
-def _tiles(head_dim, dtype):
-  return TILES[jnp.dtype(dtype) == jnp.float32, head_dim > 64]
-
-
 def default_block_sizes(head_dim, dtype=jnp.bfloat16):
   """The default tiles for ``head_dim`` and the inputs' ``dtype`` (``TILES``)."""
-  return _tiles(head_dim, dtype)[0]
+  return tiles_for(TILES, head_dim, dtype)[0]
 
 
 def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=jnp.bfloat16):
@@ -131,7 +127,7 @@ def check_runnable(interpret):
 def _compiler_params(head_dim, dtype, kernel):
   if plgpu is None:
     return None
-  warps, stages = _tiles(head_dim, dtype)[1][kernel]
+  warps, stages = tiles_for(TILES, head_dim, dtype)[1][kernel]
   return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
 
 

@@ -3,7 +3,7 @@
 jax-triton's ``triton_call`` has no JVP or batching rule, so the four kernels sit inside the
 backends' shared ``jax.custom_vjp`` (vjp.py; forward: o and lse2; backward: the row term for
 bf16/fp16, then dQ and dK/dV/dc, then d log f = reverse cumsum of dc). Shapes are static, tiles come from ``BlockSizes``
-(default: ``default_block_sizes``, per head dim), warps and stages are fixed per kernel: no
+(default: ``default_block_sizes``, per head dim and dtype), warps and stages are fixed per kernel: no
 run-time autotuning, so every call is deterministic. GSPMD cannot partition the custom call
 either: the models' sharded path wraps it in ``shard_map`` (sharded.py) as for Pallas.
 
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from . import target
 from .backends import Backend, register_backend
-from .block_sizes import BlockSizes
+from .block_sizes import BlockSizes, tiles_for
 from .gpu_calls import LOG2_E, GpuKernels, Shapes, grad_scale, pair_kernels, single_device
 from .pallas_gpu import MIN_BLOCK, SUPPORTED_HEAD_DIMS, on_gpu
 
@@ -39,24 +39,28 @@ INSTALL_HINT = ("forgetting_attention: impl='triton' needs jax-triton: "
 
 
 
-def default_block_sizes(head_dim):
-  """Tiles per head dim, chosen from what ptxas reports for sm_90a (benchmarks/compile_check.py,
-  docs/compile_check.md): the largest that leave every kernel without register spills in
-  bf16/fp16, grouped K/V, windows, segments and pruning included. Until Dec 2026 dK/dV ran
-  128 x 64 (d = 64) and 32 x 64 with 4 warps (d = 128), which spilled 4 bytes with a window and
-  pruning. float32 inputs (IEEE products on the CUDA cores) spill at these tiles:
-  docs/compile_check.md has the bytes."""
-  if head_dim <= 64:
-    return BlockSizes(block_q=128, block_k=64, block_q_dkv=64, block_k_dkv=64,
-                      block_q_dq=128, block_k_dq=64)
-  return BlockSizes(block_q=128, block_k=64, block_q_dkv=32, block_k_dkv=64,
-                    block_q_dq=128, block_k_dq=64)
+# Tiles and (num_warps, num_stages) per kernel, by (float32 inputs, head dim > 64), chosen from what
+# ptxas reports for sm_90a (benchmarks/compile_check.py, docs/compile_check.md): for bf16/fp16 the
+# largest that leave every kernel without register spills, grouped K/V, windows, segments and
+# pruning included (until Dec 2026 dK/dV ran 128 x 64 at d = 64 and 32 x 64 with 4 warps at
+# d = 128, which spilled 4 bytes with a window and pruning). float32 inputs multiply in IEEE
+# float32 on the CUDA cores (Triton's FMA dot): at the 16-bit tiles they spilled up to 82 KB and
+# dQ asked 290 KiB of shared memory at d = 128, more than a block has (227), so it could not
+# have launched; pallas_gpu's float32 tiles spill nothing here. The row term runs dQ's tiles.
+_16_BIT_LAUNCH = {"forward_kernel": (8, 3), "dkv_kernel": (8, 3), "dq_kernel": (8, 3)}
+TILES = {
+    (False, False): (BlockSizes(128, 64, 64, 64, 128, 64), _16_BIT_LAUNCH),
+    (False, True): (BlockSizes(128, 64, 32, 64, 128, 64), _16_BIT_LAUNCH),
+    (True, False): (BlockSizes(32, 32, 16, 16, 32, 32), {"forward_kernel": (8, 2), "dkv_kernel": (4, 1),
+                                                         "dq_kernel": (8, 2)}),
+    (True, True): (BlockSizes(16, 32, 16, 16, 16, 16), {"forward_kernel": (8, 2), "dkv_kernel": (8, 1),
+                                                        "dq_kernel": (8, 1)}),
+}
 
 
-# (num_warps, num_stages) per kernel, for head dim <= 64 / 128, with the tiles above (the same
-# compile report); the row term runs dQ's tiles.
-LAUNCH_SHAPES = {"forward_kernel": ((8, 3), (8, 3)), "dkv_kernel": ((8, 3), (8, 3)),
-                 "dq_kernel": ((8, 3), (8, 3)), "row_term_kernel": ((8, 3), (8, 3))}
+def default_block_sizes(head_dim, dtype=jnp.bfloat16):
+  """The default tiles for ``head_dim`` and the inputs' ``dtype`` (``TILES``)."""
+  return tiles_for(TILES, head_dim, dtype)[0]
 
 # A launcher other than jax-triton's (tests set one); None: ``jax_triton_call``.
 launcher = None
@@ -92,7 +96,9 @@ def jax_triton_call(kernel_name, grid, inputs, out_types, num_warps, num_stages,
 
 
 def _launch(kernel_name, grid, inputs, out_types, head_dim, **constexprs):
-  warps, stages = LAUNCH_SHAPES[kernel_name][head_dim > 64]
+  """``kernel_name`` launched as ``TILES`` says for its inputs (q first); the row term as dQ."""
+  launch = tiles_for(TILES, head_dim, inputs[0].dtype)[1]
+  warps, stages = launch["dq_kernel" if kernel_name == "row_term_kernel" else kernel_name]
   return (launcher or jax_triton_call)(kernel_name, grid, inputs, out_types, warps, stages,
                                        constexprs)
 
@@ -152,9 +158,9 @@ def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
 KERNELS = GpuKernels(_forward, _row_term, _backward_dq, _backward_dkv)
 
 
-def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None):
+def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=jnp.bfloat16):
   """``block_sizes`` (default: ``default_block_sizes``) fitted to seq_len, at least 16."""
-  return (block_sizes or default_block_sizes(head_dim)).fitted(seq_len, minimum=MIN_BLOCK)
+  return (block_sizes or default_block_sizes(head_dim, dtype)).fitted(seq_len, minimum=MIN_BLOCK)
 
 
 def check_runnable(interpret=False):

@@ -24,7 +24,7 @@ from lpcjax.kernels.context_parallel import ring_attention
 from lpcjax.kernels.target import building_for
 
 from .compiler_reports import GpuDumps, tpu_reports
-from .targets import no_compilation_cache
+from .targets import COMPILER_OPTIONS, no_compilation_cache
 
 PRUNE_EPSILON = 1e-4  # a pruning threshold as a user sets it (e^-10 in the ACP paper is 4.5e-5)
 
@@ -116,7 +116,7 @@ def compile_attention(case, devices, reports=True, xla_triton_smem=False):
     # Mosaic GPU writes a kernel's resources when it is lowered, its PTX when it is compiled
     with dumps or contextlib.nullcontext(), building_for(device), jax.default_device(device), no_compilation_cache():
       lowered = jax.jit(jax.value_and_grad(loss, argnums=argnums)).trace(*case.arguments(devices)).lower()
-      compiled = lowered.compile(dumps.compiler_options if dumps else None)
+      compiled = lowered.compile({**COMPILER_OPTIONS, **(dumps.compiler_options if dumps else {})})
       kernels = dumps.reports(compiled.as_text()) if dumps else []
       if device.platform == "tpu" and reports:
         kernels = tpu_reports(compiled.as_text())

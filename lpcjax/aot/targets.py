@@ -25,6 +25,9 @@ import os
 import re
 
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+# libtpu holds /tmp/libtpu_lockfile for the process that has it loaded, and refuses a second
+# (two test workers, two benchmark processes): nothing here uses a TPU, so they may share it.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from lpcjax.errors import UserError  # noqa: E402  (after the environment JAX's plugins read)
 
@@ -204,6 +207,12 @@ def compile_only_devices(target):
                       f"pip install 'lpcjax[aot]'; start JAX with JAX_PLATFORMS=cpu): "
                       f"{str(error).splitlines()[0]}") from None
   return sorted(topology.devices, key=lambda d: (d.process_index, d.id))
+
+
+# XLA's own defaults, said explicitly for every compile for a target, so that a process's XLA_FLAGS
+# cannot change the code: the test suite's --xla_backend_optimization_level=0 (its CPU compiles
+# are faster) made Pallas' dQ kernel spill 28 bytes that the default level does not.
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 3}
 
 
 def no_compilation_cache():

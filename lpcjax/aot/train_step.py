@@ -4,27 +4,41 @@ The same pieces as a real run (``lpcjax.training.loop.train``): the family's mod
 the config's mesh over the target's compile-only devices, the sharding rules, the optimizer and
 its state shardings, the attention backend; only the step is compiled, never run, and nothing
 is written anywhere. The batch is the data pipeline's own example shape (one example of the
-config's data source), batch_size of them, placed as the trainer places them.
+config's data source; a window of zeros where a token file is not here), batch_size of them,
+placed as the trainer places them.
 """
 
 import flax.linen as nn
 import jax
+import numpy as np
 
-from lpcjax.data import make_source
+from lpcjax.data import DataError, TokenWindowConfig, TokenWindowSource, make_source
 from lpcjax.kernels.target import building_for
 from lpcjax.sharding import check_divisible
 from lpcjax.training.loop import batch_sharding, compiled_steps, model_and_mesh
 from lpcjax.training.steps import make_optimizer, state_shardings
 
-from .targets import no_compilation_cache
+from .targets import COMPILER_OPTIONS, no_compilation_cache
+
+
+def one_example(config):
+  """One example of the config's data source, as a run reads it. A token-window kind whose files
+  are not here (compiling on a laptop for a cluster's data) gives a window of zeros of its shape
+  instead: the same keys, dtypes and length, which is all a compile reads."""
+  try:
+    return make_source(config.data, config.train.seed, "train")[0]
+  except DataError:
+    if not isinstance(config.data, TokenWindowConfig):
+      raise
+    zeros = np.zeros(config.data.seq_len + 1, np.int32)
+    return TokenWindowSource(zeros, [0], config.data.seq_len, config.data.segment_ids)[0]
 
 
 def abstract_batch(config, mesh):
-  """One global batch as ShapeDtypeStructs in the trainer's shardings: the data source's first
-  example, ``data.batch_size`` of them."""
-  example = make_source(config.data, config.train.seed, "train")[0]
+  """One global batch as ShapeDtypeStructs in the trainer's shardings: ``data.batch_size``
+  examples of the data source's shape."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct((config.data.batch_size, *x.shape), x.dtype,
-                                                     sharding=batch_sharding(mesh, x.ndim + 1)), example)
+                                                     sharding=batch_sharding(mesh, x.ndim + 1)), one_example(config))
 
 
 def compile_train_step(config, devices, compiler_options=None):
@@ -43,4 +57,4 @@ def compile_train_step(config, devices, compiler_options=None):
     step, _ = compiled_steps(family, config, shardings)
     batch = abstract_batch(config, mesh)
     with jax.set_mesh(mesh), jax.default_device(devices[0]), no_compilation_cache():
-      return step.trace(state, batch).lower().compile(compiler_options)
+      return step.trace(state, batch).lower().compile({**COMPILER_OPTIONS, **(compiler_options or {})})

@@ -23,6 +23,15 @@ def exit_status(run, *also):
     return USAGE_ERROR
 
 
+def help_text(doc, checkout_command, console_script):
+  """A command's ``--help`` text ``doc``, its examples written as ``checkout_command`` (``python
+  train.py``) given as ``console_script`` (``lpcjax-train``) when that is how it was started, so
+  that every example works from an installed wheel too."""
+  if os.path.basename(sys.argv[0] if sys.argv else "") == console_script:
+    return doc.replace(checkout_command, console_script)
+  return doc
+
+
 _teardown_prints_noise = False
 
 

@@ -101,6 +101,17 @@ class DataConfig:
   def check_tokenizer(self):
     """Raise a DataError if the data was made with another tokenizer than the one configured."""
 
+  def evaluation_data(self):
+    """What an evaluation of this data scores, in words: the start block, summary.json and
+    eval.py say it, and a kind that evaluates on its training data says so plainly."""
+    return f"the {self.kind} data's held-out split"
+
+
+def listed(names, most=3):
+  """Up to ``most`` names, then how many more: for a line that names files."""
+  more = f" (+{len(names) - most} more)" if len(names) > most else ""
+  return ", ".join(map(str, names[:most])) + more
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:

@@ -16,6 +16,10 @@ class ConfigError(UserError, ValueError):
   """A config field is unknown, has the wrong type, or conflicts with another field."""
 
 
+class RunError(UserError, ValueError):
+  """A run directory that cannot be read: not there, no config.json, no checkpoint, no such step."""
+
+
 def warn(message):
   """One line on stderr for a request carried out, but not quite as given (a cue gap that does
   not fit, a series cut to the training length): visible, and never a traceback."""

@@ -24,6 +24,8 @@ import sys
 import time
 
 from lpcjax import cli
+from lpcjax.errors import warn
+from lpcjax.files import check_run_path
 
 
 class TextStream:
@@ -70,7 +72,8 @@ def parse_token_ids(text):
 
 
 def make_parser(add_help=True):
-  parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
+  parser = argparse.ArgumentParser(description=cli.help_text(__doc__, "python -m lpcjax.generate", "lpcjax-generate"),
+                                   add_help=add_help,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--run", required=add_help, help="a run directory (config.json + checkpoints/)")
   prompts = parser.add_mutually_exclusive_group(required=add_help)
@@ -99,6 +102,7 @@ def parse_args(argv):
   parser = make_parser()
   if not known.run:
     return parser.parse_args(argv), None  # argparse's usage or --help, and its exit
+  check_run_path(known.run)  # a mistyped path is answered before JAX is imported
   from lpcjax import models
   from lpcjax.runs import read_config
   config = read_config(known.run)
@@ -106,6 +110,16 @@ def parse_args(argv):
   if family.stop_rule is not None:
     family.stop_rule.add_arguments(parser)
   return parser.parse_args(argv), config
+
+
+def note_past_training_length(run, length):
+  """A warning when ``length`` (the longest prompt plus the new tokens) passes the run's training
+  length, with what the family was measured to do there (``Family.past_training_length``)."""
+  trained = run.config.data.seq_len
+  if trained and length > trained:
+    measured = (f"what lpcjax measured there for {run.family.name}: {run.family.past_training_length}"
+                if run.family.past_training_length else f"lpcjax has not measured {run.family.name} there")
+    warn(f"prompt + new tokens = {length} tokens, past the training length of {trained}; {measured}")
 
 
 def main(argv=None):
@@ -146,6 +160,7 @@ def main(argv=None):
     vocab = run.config.model.vocab_size
     if any(not 0 <= t < vocab for p in prompts for t in p):
       raise GenerationError(f"prompt token ids must be in [0, {vocab})")
+    note_past_training_length(run, max(map(len, prompts)) + args.max_new_tokens)
     if tokenizer:
       decode = lambda ids: tokenizer.decode([t for t in ids if t < tokenizer.n_vocab])
     else:

@@ -70,6 +70,11 @@ def test_an_installed_wheel_trains_evaluates_and_generates_outside_the_checkout(
   assert json.load(open(work / "runs" / "tiny" / "summary.json"))["step"] == 2
   printed = command("lpcjax-train", "--config", "paper:fox_125m", "--print-config")
   assert printed.returncode == 0 and json.loads(printed.stdout)["model"]["d_model"] == 768, printed.stderr
+  helped = command("lpcjax-train", "--help")  # its examples are written for the console script
+  assert "lpcjax-train --config fox_tiny_text data.train_files=book.txt" in helped.stdout
+  assert "python train.py" not in helped.stdout and "lpcjax/config.py" not in helped.stdout
+  text = command("lpcjax-train", "--config", "fox_tiny_text", "data.train_files=book.txt", "--print-config")
+  assert text.returncode == 0 and json.loads(text.stdout)["data"]["train_files"] == ["book.txt"], text.stderr
   evaluated = command("lpcjax-eval", "--run", "runs/tiny", "--max-sequences", "8")
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert json.load(open(work / "runs" / "tiny" / "eval" / "per_token.json"))["num_sequences"] == 8

@@ -15,10 +15,12 @@ import os
 import sys
 
 from lpcjax import cli, interrupts  # standard library only: JAX is imported later, inside main
+from lpcjax.files import check_run_path, check_writable
 
 
 def _run_parser(add_help):
-  parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
+  parser = argparse.ArgumentParser(description=cli.help_text(__doc__, "python eval.py", "lpcjax-eval"),
+                                   add_help=add_help,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   runs = parser.add_mutually_exclusive_group(required=add_help)
   runs.add_argument("--run", help="a run directory (config.json + checkpoints/)")
@@ -51,7 +53,10 @@ def _main(argv):
   return cli.exit_status(lambda: _evaluate(argv, run_dirs))
 
 
+
 def _evaluate(argv, run_dirs):
+  for run in run_dirs:  # a mistyped path is answered before JAX is imported
+    check_run_path(run)
   from lpcjax.runs import evaluators_of, load_run, read_config
 
   configs = [read_config(run) for run in run_dirs]  # once per run: the evaluators, then the loads
@@ -59,12 +64,13 @@ def _evaluate(argv, run_dirs):
   parser = _run_parser(add_help=True)
   evaluators[0].add_arguments(parser)
   args = parser.parse_args(argv)
+  # An evaluator may name its default folder by its options (a random init: not over the trained results).
+  out = args.out or os.path.join(run_dirs[0], getattr(evaluators[0], "out_name", lambda _: "eval")(args))
+  check_writable(out, "choose another folder with --out DIR")  # before minutes of evaluation, not after
   results = [evaluator.evaluate(load_run(run, step=args.step, tokenizer_file=args.tokenizer_file, config=config), args)
              for evaluator, run, config in zip(evaluators, run_dirs, configs)]
   if interrupts.requested():
     raise KeyboardInterrupt
-  # An evaluator may name its default folder by its options (a random init: not over the trained results).
-  out = args.out or os.path.join(run_dirs[0], getattr(evaluators[0], "out_name", lambda _: "eval")(args))
   evaluators[0].write(results, out, args)
   for evaluator, result in zip(evaluators, results):
     print("\n".join(evaluator.report(result)))

@@ -1,14 +1,16 @@
 """Train a model of the zoo: ``lpcjax-train`` (installed), or ``python train.py`` in a checkout.
 
   python train.py                                   # tiny FoX on MQAR (CPU, a few minutes)
-  python train.py --config configs/fox_tiny_text.py data.train_files=book.txt
+  python train.py --config fox_tiny_text data.train_files=book.txt
   python train.py --config paper:fox_125m data.kind=tokens data.train_tokens=data/train
   python train.py --config ... train.run_name=NAME --resume     # continue NAME's latest checkpoint
   python train.py --config ... train.init_from=runs/A[:STEP]   # a new run from run A's weights
   python train.py --config fox_tiny_text --tokenizer-file gpt2.tiktoken data.train_files=book.txt
   python train.py --list-configs                    # the named experiments (configs/)
 
-Any config field can be overridden as section.field=value (see lpcjax/config.py). The GPT-2
+Any config field can be overridden as section.field=value: --print-config shows them all, with
+their values (docs/training.md explains them). A named experiment (--list-configs) or an
+experiment file of your own (--config path/to/file.py) gives the starting values. The GPT-2
 tokenizer comes from --tokenizer-file (= data.tokenizer_file), else $LPCJAX_TIKTOKEN_FILE, else
 (token files) the rank file the token file was prepared with, else the GPT-2 rank file lpcjax
 ships (offline, no setup); the run records the file in its config.json, so eval.py and generate
@@ -16,8 +18,10 @@ read the same one. Several
 processes (multi-host): set LPCJAX_DISTRIBUTED=1 (or run under a launcher that sets up
 jax.distributed's environment) and start the same command on every host.
 
-Exit status: 0 when the run reached train.steps (or already had: nothing to train); 2 for bad
-input (one line on stderr, nothing written); 130 when SIGINT/SIGTERM stopped it before
+One trainer at a time holds a run directory (RUN/train.lock): a second one exits 2 naming the
+holder. Exit status: 0 when the run reached train.steps (or already had: nothing to train); 2 for bad
+input, a run directory held or not writable, a checkpoint the disk could not take (one line on
+stderr, nothing written); 130 when SIGINT/SIGTERM stopped it before
 train.steps (a checkpoint of the last step is kept; the last line prints the command that
 continues it: the same arguments with train.run_name=NAME --resume).
 """
@@ -104,7 +108,8 @@ def main(argv=None):
 
 
 def _main(argv):
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(description=cli.help_text(__doc__, "python train.py", "lpcjax-train"),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default=DEFAULT_CONFIG,
                       help=f"experiment file, or a name in configs/ (default: {DEFAULT_CONFIG})")
   parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

@@ -56,6 +56,9 @@ class GeneratedConfig(DataConfig):
     """Accuracy of a uniform guess among the answers' candidates."""
     raise NotImplementedError
 
+  def evaluation_data(self):
+    return f"generated {self.kind} examples of the held-out split (seeded apart from the training examples)"
+
 
 class GeneratedSource:
   """The examples of one split of a generated kind (``example_fn(rng, config)``)."""

@@ -158,6 +158,12 @@ class SeriesDataConfig(DataConfig):
     require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
     require(0 < self.eval_fraction < 1, "data.eval_fraction", f"must be in (0, 1), got {self.eval_fraction}")
 
+  def evaluation_data(self):
+    if self.eval_file:
+      return f"series file {self.eval_file}"
+    return (f"{self.eval_fraction:.0%} of {self.train_file} held out by class (data.split_seed={self.split_seed}), "
+            "never trained on")
+
 
 def _fit(x, length, file=None):
   """Cut to ``length`` samples or NaN-pad at the end; ``file``: warn when observed samples are cut."""

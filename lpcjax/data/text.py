@@ -7,6 +7,7 @@ followed by <|endoftext|>. For large corpora prepare a token file once instead
 
 import numpy as np
 
+from .errors import DataError
 from .prepare import read_documents
 from .tokenizer import END_OF_TEXT
 
@@ -16,8 +17,12 @@ def tokenize_files(paths, tokenizer):
   eot = tokenizer.encode(END_OF_TEXT, allowed_special={END_OF_TEXT})
   ids, doc_starts = [], []
   for path in paths:
+    empty = True
     for text in read_documents(path):
+      empty = empty and not text.strip()
       doc_starts.append(len(ids))
       ids.extend(tokenizer.encode_ordinary(text))
       ids.extend(eot)
+    if empty:  # else it would count as one end-of-text token, and the error would blame the length
+      raise DataError(f"{path} is empty: no text to read")
   return np.asarray(ids, dtype=np.int32), doc_starts

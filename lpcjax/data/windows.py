@@ -13,7 +13,7 @@ from typing import ClassVar, Optional
 
 import numpy as np
 
-from lpcjax.config import DataConfig, require
+from lpcjax.config import DataConfig, listed, require
 
 from .errors import DataError
 from .prepare import load_token_file, read_documents, tokenizer_hash
@@ -58,6 +58,12 @@ class TextDataConfig(TokenWindowConfig):
   def evaluation_files(self):
     return self.eval_files or self.train_files
 
+  def evaluation_data(self):
+    if self.eval_files:
+      return f"text {listed(self.eval_files)}"
+    return (f"the training text ({listed(self.train_files)}; no data.eval_files): its loss there is a training "
+            "loss, not a held-out one")
+
   def tokens_per_word(self):
     tokens, _ = tokenize_files(self.evaluation_files, load_gpt2_tokenizer(self.tokenizer_file))
     words = sum(len(text.split()) for path in self.evaluation_files for text in read_documents(path))
@@ -77,6 +83,12 @@ class TokenFileConfig(TokenWindowConfig):
   @property
   def evaluation_tokens(self):
     return self.eval_tokens or self.train_tokens
+
+  def evaluation_data(self):
+    if self.eval_tokens:
+      return f"token file {self.eval_tokens}"
+    return (f"the training tokens ({self.train_tokens}; no data.eval_tokens): its loss there is a training loss, "
+            "not a held-out one")
 
   def tokens_per_word(self):
     _, meta = load_token_file(self.evaluation_tokens)
@@ -131,7 +143,8 @@ class TokenWindowSource:
     self.stride = stride or seq_len
     self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
     if len(tokens) < seq_len + 1:
-      raise TooShortError(f"data: {len(tokens)} tokens is fewer than seq_len + 1 = {seq_len + 1}", len(tokens))
+      raise TooShortError(f"{len(tokens)} tokens, fewer than one window needs (seq_len + 1 = {seq_len + 1})",
+                          len(tokens))
 
   def __len__(self):
     return (len(self.tokens) - self.seq_len - 1) // self.stride + 1
@@ -154,7 +167,15 @@ def text_source(cfg, seed, split):
   if not files:
     raise DataError("data.train_files is empty: kind='text' needs at least one text file")
   tokens, doc_starts = tokenize_files(files, load_gpt2_tokenizer(cfg.tokenizer_file))
-  return TokenWindowSource(tokens, doc_starts, cfg.seq_len, cfg.segment_ids, cfg.window_stride)
+  return _windows(tokens, doc_starts, cfg, f"{listed(files)} ({'data.train_files' if split == 'train' else 'eval'})")
+
+
+def _windows(tokens, doc_starts, cfg, what):
+  """The windows of ``tokens``; too few of them for one window is a TooShortError naming ``what``."""
+  try:
+    return TokenWindowSource(tokens, doc_starts, cfg.seq_len, cfg.segment_ids, cfg.window_stride)
+  except TooShortError as error:
+    raise TooShortError(f"{what}: {error}", error.num_tokens) from None
 
 
 def token_file_source(cfg, seed, split):
@@ -163,7 +184,7 @@ def token_file_source(cfg, seed, split):
   if not prefix:
     raise DataError("data.train_tokens is empty: kind='tokens' needs a prepared token file prefix")
   tokens, meta = load_token_file(prefix)
-  return TokenWindowSource(tokens, meta["doc_starts"], cfg.seq_len, cfg.segment_ids, cfg.window_stride)
+  return _windows(tokens, meta["doc_starts"], cfg, f"token file {prefix}")
 
 
 register(DataKind("text", TextDataConfig, text_source))

@@ -31,9 +31,10 @@ def _eval_data(config, eval_len, batch_size, data_files, data_tokens):
   name other data (as a text or token-file kind, with the run's options carried over)."""
   data = config.data
   if data_files:
-    data = dataclasses.replace(switch_class(data, TextDataConfig), train_files=tuple(data_files), eval_files=())
+    data = dataclasses.replace(switch_class(data, TextDataConfig), train_files=tuple(data_files),
+                               eval_files=tuple(data_files))
   elif data_tokens:
-    data = dataclasses.replace(switch_class(data, TokenFileConfig), train_tokens=data_tokens, eval_tokens=None)
+    data = dataclasses.replace(switch_class(data, TokenFileConfig), train_tokens=data_tokens, eval_tokens=data_tokens)
   data = data.for_evaluation(eval_len, batch_size)
   if data.vocab_size > config.model.vocab_size:
     raise DataError(f"tokenizer mismatch: the run's model has {config.model.vocab_size} tokens, "
@@ -168,7 +169,9 @@ class LanguageModelEvaluator:
       result = {"probes_only": True} if probes_only else self._per_token(run, options, data_config,
                                                                           max_sequences, predict_fn)
       result.update(run=os.path.abspath(run.run_dir), label=label, train_len=train_len,
-                    family=config.model.family, data_kind=data_config.kind)
+                    family=config.model.family, data_kind=data_config.kind,
+                    eval_data=data_config.evaluation_data() if split == "eval" else
+                    f"generated {data_config.kind} examples of the {split} split")
       tokenizer = None
       if options.needle or options.delayed_id:
         tokenizer = _probe_tokenizer(data_config, options, config.model.vocab_size)
@@ -253,6 +256,7 @@ class LanguageModelEvaluator:
     word = f", word perplexity {result['word_perplexity']:.1f}" if result.get("word_perplexity") else ""
     lines = [f"{result['label']}: mean loss {result['mean_loss']:.4f}, perplexity {result['perplexity']:.2f}"
              f"{word} over {result['num_sequences']} sequences",
+             *([f"  scored on {result['eval_data']}"] if result.get("eval_data") else []),
              f"  mean loss over the first L tokens: {by_length}"]
     lines += self._probe_lines(result)
     if "answers" in result:

@@ -41,14 +41,33 @@ def finish_plot(fig, ax, path, xlabel, ylabel, legend_outside=False):
   plt.close(fig)
 
 
+SOLVED_LOSS = 1e-3  # nats: below it at every position a loss curve is float noise (perplexity < 1.001)
+
+
+def show_solved(ax, curves, low, high, floor_value):
+  """When every curve's largest value is under its floor (``floor_value``: the loss's
+  SOLVED_LOSS, or the perplexity it gives), pin the y-axis to [low, high] and say the task is
+  solved, instead of letting matplotlib magnify float noise into a curve. Returns whether it did."""
+  values = np.concatenate([np.asarray(curve, np.float64).ravel() for curve in curves]) if curves else np.array([])
+  values = values[np.isfinite(values)]
+  if not values.size or values.max() >= floor_value:
+    return False
+  ax.set_ylim(low, high)
+  ax.text(0.5, 0.5, f"solved: under {floor_value:.4g} at every point (largest {values.max():.3g}); the rest is "
+          "float noise", transform=ax.transAxes, ha="center", va="center", fontsize=9,
+          bbox=dict(boxstyle="round", facecolor="white", alpha=0.8))
+  return True
+
+
 def plot_per_token(runs, path, window=64, log_x=False):
   """runs: [(label, result dict from summarize, training length)]. Returns False, writing
   nothing, when no run has a scored position (a blank plot says nothing)."""
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  drawn = False
+  drawn, curves = False, []
   for label, result, train_len in runs:
     curve = [np.nan if x is None else x for x in result["per_token_loss"]]
     positions, smooth = windowed_mean(curve, result["per_token_count"], window)
+    curves.append(smooth)
     points = int(np.isfinite(smooth).sum())
     drawn |= points > 0
     # An evaluation no longer than a window or two gives a point or two: a bare line would not show.
@@ -71,6 +90,7 @@ def plot_per_token(runs, path, window=64, log_x=False):
     return False
   if log_x:
     ax.set_xscale("log")
+  show_solved(ax, curves, 0, 1, SOLVED_LOSS)
   ax.set_title("Per-token loss")
   finish_plot(fig, ax, path, "token position (dotted: training length; band: ±1 standard error over sequences)",
           f"loss over the scored tokens of {window} positions")
@@ -80,11 +100,14 @@ def plot_per_token(runs, path, window=64, log_x=False):
 def plot_perplexity(runs, path):
   """Perplexity over the first L tokens against L, one line per run."""
   fig, ax = plt.subplots(figsize=(6, 4))
+  curves = []
   for label, result, _ in runs:
     cells = result["by_context_length"]
     lengths = sorted(int(k) for k, cell in cells.items() if cell["perplexity"] is not None)
-    ax.plot(lengths, [cells[str(n)]["perplexity"] for n in lengths], "o-", label=label)
+    curves.append([cells[str(n)]["perplexity"] for n in lengths])
+    ax.plot(lengths, curves[-1], "o-", label=label)
   ax.set_xscale("log", base=2)
+  show_solved(ax, curves, 1, 2, float(np.exp(SOLVED_LOSS)))
   finish_plot(fig, ax, path, "context length L", "perplexity over the first L tokens")
 
 

@@ -57,6 +57,10 @@ class Family:
     ``TrainConfig`` holds nothing of one family.
   * ``upgrade_saved(values) -> values``: a config.json written by an older lpcjax (a dict with
     ``model``, ``data``, ``train``) brought to the current fields, so that old runs still load.
+  * ``past_training_length``: what the family was measured to do on sequences longer than it
+    was trained on, one sentence with where the measurement is, or None (not measured);
+    ``python -m lpcjax.generate`` says it when a prompt and its new tokens pass the run's
+    training length.
   """
 
   name: str
@@ -79,6 +83,7 @@ class Family:
   context_parallel: bool = False
   train_config_cls: type = TrainConfig
   upgrade_saved: Callable[[dict], dict] = lambda values: values
+  past_training_length: Optional[str] = None
 
   def __post_init__(self):
     declared = family_name(self.config_cls, field=f"family {self.name!r}")

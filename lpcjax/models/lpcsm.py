@@ -286,4 +286,7 @@ class StopHeadRule:
 register(language_model_family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm,
                                evaluator=language_model_evaluator(chunk_padded_logits),
                                init_cache=init_cache, prefill=prefill_by_steps, stop_rule=StopHeadRule(),
-                               train_config_cls=LPCSMTrainConfig, upgrade_saved=upgrade_saved_lpcsm))
+                               train_config_cls=LPCSMTrainConfig, upgrade_saved=upgrade_saved_lpcsm,
+                               past_training_length=(
+                                   "its MQAR recall was the same at 2x and 4x the training length as at 1x "
+                                   "(23 / 24 / 21 %, 3 seeds; docs/mechanisms.md)")))

@@ -10,10 +10,12 @@ step that exists, so a failed or interrupted run never replaces a good checkpoin
 
 import asyncio
 import contextlib
+import glob
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import warnings
 
@@ -23,6 +25,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from lpcjax import cli
+from lpcjax.errors import UserError
 
 
 def checkpoint_dir(run_dir):
@@ -43,6 +46,19 @@ def latest_checkpoint_step(run_dir):
 
 def has_checkpoint(run_dir):
   return latest_checkpoint_step(run_dir) is not None
+
+
+def saved_config(run_dir):
+  """(step, config dict) of the latest checkpoint step that carries the run's config (each step
+  saves it beside the state: Orbax's JSON item, one file named ``metadata``), or None (the
+  steps of lpcjax before 2026-12-06 carry none). Plain JSON: no Orbax call."""
+  for step in reversed(checkpoint_steps(run_dir)):
+    try:
+      with open(os.path.join(checkpoint_dir(run_dir), str(step), "config", "metadata")) as f:
+        return step, json.load(f)
+    except (OSError, ValueError):
+      continue
+  return None
 
 
 def tree_mismatch(error):
@@ -76,6 +92,40 @@ class IncompleteCheckpointError(ValueError):
 class DamagedCheckpointError(ValueError):
   """A checkpoint step whose files cannot be read: deleted, truncated or without its metadata.
   The message is one line, naming the step and what could not be read."""
+
+
+class CheckpointWriteError(UserError, OSError):
+  """A checkpoint step that could not be written (a full disk, a quota, permissions); the
+  message is one line, naming the step, the reason and the steps that stay whole."""
+
+
+# What TensorStore says (through Orbax's threads) when a write fails for a reason the user can
+# fix: the disk or quota is full, the folder became read-only or unwritable.
+_WRITE_FAILURES = (("No space left on device", "the disk is full"), ("Disk quota exceeded", "over the disk quota"),
+                   ("Read-only file system", "the file system is read-only"),
+                   ("Permission denied", "no permission to write there"))
+
+
+def _write_failure(error):
+  """The reason a save failed, in words, or None for any other error (a bug keeps its traceback)."""
+  seen = []
+  while error is not None and error not in seen:
+    seen.append(error)
+    error = error.__cause__ or error.__context__
+  text = " ".join(str(cause) for cause in seen)
+  return next((reason for needle, reason in _WRITE_FAILURES if needle in text), None)
+
+
+class _FailedWriteFilter(logging.Filter):
+  """Drops Orbax's records of a save its threads could not write (a page each, several per
+  failed step): the trainer says it in one line (``CheckpointWriteError``)."""
+
+  def filter(self, record):
+    text = record.getMessage() + str(record.exc_info[1] if record.exc_info else "")
+    return not any(needle in text for needle, _ in _WRITE_FAILURES)
+
+
+logging.getLogger("absl").addFilter(_FailedWriteFilter())
 
 
 # What TensorStore and Orbax say when a step's files are missing, cut short or corrupt.
@@ -118,13 +168,15 @@ def _late_read_check_closed(loop, original=_CHECK_CLOSED, frame=sys._getframe):
 
 
 class _ClosedLoopGuard:
-  """While a restore runs (and for good once one failed), a TensorStore read that ends after
-  Orbax closed its event loop calls ``loop.call_soon_threadsafe`` on the closed loop; its
-  RuntimeError is printed as a traceback from TensorStore's threads, around the one-line error.
-  Such a call is dropped instead: nobody waits for that read any more."""
+  """While a restore runs or a Checkpointer is open (and for good once a read or a write
+  failed), a TensorStore read or write that ends after Orbax closed its event loop calls
+  ``loop.call_soon_threadsafe`` on the closed loop; its RuntimeError is printed as a traceback
+  from TensorStore's threads, around the one-line error. Such a call is dropped instead: nobody
+  waits for that result any more."""
 
   original = asyncio.BaseEventLoop.call_soon_threadsafe
-  kept = False  # a restore failed: the guard stays
+  kept = False  # a restore or a save failed: the guard stays
+  users = 0  # the blocks and open Checkpointers that asked for it
 
   @staticmethod
   def call_soon_threadsafe(loop, *args, original=original, **kwargs):
@@ -144,6 +196,7 @@ class _ClosedLoopGuard:
 
   @classmethod
   def install(cls):
+    cls.users += 1
     asyncio.BaseEventLoop.call_soon_threadsafe = cls.call_soon_threadsafe
     # TensorStore may hold a loop's call_soon_threadsafe from before this guard (taken when an
     # earlier read first awaited on that loop) and call that original from its own thread; the
@@ -152,17 +205,19 @@ class _ClosedLoopGuard:
 
   @classmethod
   def remove(cls):
-    if not cls.kept:
+    cls.users -= 1
+    if not cls.kept and cls.users == 0:
       asyncio.BaseEventLoop.call_soon_threadsafe = cls.original
       asyncio.BaseEventLoop._check_closed = _CHECK_CLOSED
 
 
 def _quiet_failed_reads():
-  """After a restore failed on unreadable files, the reads it had started still end, later and
-  on other threads, each with a page of traceback: keep the closed-loop guard, drop Orbax's read
-  coroutines collected with their exception ('Exception ignored in ...') and asyncio's records
-  of them, for the rest of the process, and have the entry points skip the interpreter's
-  teardown, where the last of them are freed and no hook can hold them back."""
+  """After a restore failed on unreadable files (or a save on a full disk), the reads (writes) it
+  had started still end, later and on other threads, each with a page of traceback: keep the
+  closed-loop guard, drop Orbax's read coroutines collected with their exception ('Exception
+  ignored in ...') and asyncio's records of them, for the rest of the process, and have the
+  entry points skip the interpreter's teardown, where the last of them are freed and no hook
+  can hold them back."""
   if _ClosedLoopGuard.kept:
     return
   _ClosedLoopGuard.kept = True
@@ -250,7 +305,9 @@ class Checkpointer:
   def __init__(self, run_dir, keep=3):
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
                                            create=True)
-    self.manager = ocp.CheckpointManager(checkpoint_dir(run_dir), options=options)
+    self.directory = checkpoint_dir(run_dir)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    _ClosedLoopGuard.install()  # an asynchronous save's writes may end after a failure closed the loop
 
   def latest_step(self):
     return self.manager.latest_step()
@@ -258,13 +315,49 @@ class Checkpointer:
   def all_steps(self):
     return sorted(self.manager.all_steps())
 
-  def save(self, step, state, data_iterator=None):
-    """Save ``state`` and, when given, the data iterator's position (a converted checkpoint,
-    ``lpcjax.convert``, has none: it can be evaluated and fine-tuned from, not resumed)."""
+  def save(self, step, state, data_iterator=None, config=None):
+    """Save ``state``, and when given the data iterator's position (a converted checkpoint,
+    ``lpcjax.convert``, has none: it can be evaluated and fine-tuned from, not resumed) and the
+    run's config (a dict: ``config.json``'s copy, for a run that lost that file). Saves are
+    asynchronous: a write that fails (a full disk) is found here at the next save, or by
+    ``close``, and raised as a one-line CheckpointWriteError."""
     items = {"state": ocp.args.StandardSave(_saved_fields(state))}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    if config is not None:
+      items["config"] = ocp.args.JsonSave(config)
+    with self._writing(step):
+      self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+  @contextlib.contextmanager
+  def _writing(self, step):
+    """CheckpointWriteError for a save that failed on the file system (this step's, or an earlier
+    one still being written), after removing its partial folder; the finished steps stay."""
+    try:
+      yield
+    except Exception as error:  # noqa: BLE001  Orbax re-raises its threads' errors as they were
+      reason = _write_failure(error)
+      if reason is None:
+        raise
+      failed = re.search(r"checkpoints/(\d+)\.orbax-checkpoint-tmp", str(error))
+      failed = int(failed[1]) if failed else step
+      _quiet_failed_reads()  # its other writes end late, on a loop that is closed by then
+      self._abandon()
+      for partial in glob.glob(os.path.join(self.directory, "*.orbax-checkpoint-tmp*")):
+        shutil.rmtree(partial, ignore_errors=True)
+      whole = ", ".join(map(str, checkpoint_steps(os.path.dirname(self.directory))))
+      kept = f"the steps before it stay whole ({whole})" if whole else "no step was saved before it"
+      raise CheckpointWriteError(f"checkpoint step {failed} could not be written to {self.directory} ({reason}); its "
+                                 f"partial folder was removed and {kept}: make room, then resume the run "
+                                 "(--resume)") from None
+
+  def _abandon(self):
+    """Release the manager after a failed write without waiting on it again (it would raise the
+    same error once more)."""
+    manager, self.manager = self.manager, None
+    if manager is not None:
+      with contextlib.suppress(Exception):
+        manager.close()
 
   def restore(self, abstract_state, shardings, data_iterator=None, step=None):
     """Restore the state into ``shardings`` (any mesh: Orbax reshards) and, given the data
@@ -372,10 +465,15 @@ class Checkpointer:
       raise TreeMismatchError(mismatch)
 
   def close(self):
-    """Wait for pending saves and release the manager; closing twice is harmless."""
-    if self.manager is not None:
-      manager, self.manager = self.manager, None
-      try:
-        manager.wait_until_finished()
-      finally:  # a failed save still releases the manager's threads
+    """Wait for pending saves and release the manager; closing twice is harmless. A pending save
+    that failed on the file system raises CheckpointWriteError (see ``save``)."""
+    if self.manager is None:
+      return
+    try:
+      with self._writing(self.manager.latest_step()):
+        self.manager.wait_until_finished()
+    finally:  # a failed save still releases the manager's threads
+      if self.manager is not None:
+        manager, self.manager = self.manager, None
         manager.close()
+      _ClosedLoopGuard.remove()

@@ -191,7 +191,7 @@ def initial_state(family, model, config, run_dir, start, data, checkpointer, abs
 
 def start_block(config, num_params, mesh, run_dir, start, resume_command=None):
   """The lines train.py prints before the first step: config, model and size, devices and mesh,
-  data, schedule, run directory and the command that resumes the run."""
+  data and what the evaluation scores, schedule, run directory and the command that resumes the run."""
   model, data, cfg = config.model, config.data, config.train
   describe = f" ({model.describe()})" if hasattr(model, "describe") else ""
   devices = mesh.devices.flatten()
@@ -210,6 +210,7 @@ def start_block(config, num_params, mesh, run_dir, start, resume_command=None):
       f"devices  {len(devices)} x {kinds}{processes}; mesh "
       + " x ".join(f"{axis} {size}" for axis, size in mesh.shape.items()),
       f"data     {data.kind}, batch {data.batch_size}{length}" + "".join(f"; {s}" for s in sources),
+      f"eval     {data.evaluation_data()}",
       f"schedule {cfg.steps} steps, learning rate {cfg.learning_rate:g} (warm-up {cfg.warmup_steps}, cosine to "
       f"{cfg.min_learning_rate:g})" + (f"; resuming at step {start}" if start else ""),
       f"run      {run_dir}",
@@ -226,7 +227,9 @@ def train(config, resume=False, progress=True, devices=None, resume_command=None
   ``hooks``: ``Hook``s of the caller's (an experiment file's ``get_hooks(config)``, a
   benchmark), run on their cadence after the loop's own log and evaluation, on every process.
   Everything that can be checked (config, mesh, shardings, data, run directory) is checked
-  before anything is written; a run directory this call created is removed again if it fails or
+  before anything is written. The run directory is held by this call alone until it returns
+  (``RunLock``: a second trainer of the same run stops with a one-line error, having written
+  nothing); a run directory this call created is removed again if it fails or
   is stopped before its first step. A stop request (SIGTERM/SIGINT, to any process) ends the run
   after the current step, with a checkpoint of it.
   """
@@ -244,43 +247,44 @@ def train(config, resume=False, progress=True, devices=None, resume_command=None
     abstract, shardings = state_shardings(family, model, config, optimizer, mesh, rules)
     check_divisible(abstract.params, shardings.params)
     check_divisible(abstract.mutable, shardings.mutable)
-    run_dir, start, created = open_run_directory(config, resume)
-    if start is not None:
-      check_resumable(run_dir, config)
-    if start == config.train.steps:
-      return run_dir, {"step": start, "already_complete": True, "preempted": False}
-    loop = TrainingLoop(config, family, data, run_dir, stop, start or 0, hooks)
-    try:
-      loop.checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
-      state = initial_state(family, model, config, run_dir, start, data, loop.checkpointer, abstract, shardings,
-                            optimizer, mesh, rules)
-      if config.train.resume_step is not None:  # restored: only now do the later steps go aside
-        loop.checkpointer.close()
-        set_aside_later_steps(run_dir, start)
+    run_dir, start, created, lock = open_run_directory(config, resume)
+    with lock:  # held until the summary is written, on every way out
+      if start is not None:
+        check_resumable(run_dir, config)
+      if start == config.train.steps:
+        return run_dir, {"step": start, "already_complete": True, "preempted": False}
+      loop = TrainingLoop(config, family, data, run_dir, stop, start or 0, hooks)
+      try:
         loop.checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
-      train_fn, eval_fn = compiled_steps(family, config, shardings)
-      size, clock = num_params(state.params), time.perf_counter()
-      loop.flops_per_unit = family.flops_per_unit and family.flops_per_unit(config, state.params)
-      loop.peak = peak_flops(mesh.devices.flatten(), config.train.peak_tflops)
-      if progress and jax.process_index() == 0:
-        lines = start_block(config, size, mesh, run_dir, start, resume_command)
-        if not loop.flops_per_unit:  # said once here, not on every log row
-          lines.append(f"mfu      not logged: the {family.name} family gives no FLOPs estimate "
-                       "(Family.flops_per_unit)")
-        print("\n".join(lines), flush=True)
-      final = loop.run(state, train_fn, eval_fn, progress)
-    finally:
-      if loop.checkpointer is not None:
-        loop.checkpointer.close()
-      if created and not loop.trained and jax.process_index() == 0:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing trained: leave nothing behind
-    # a resumed run counts the time its earlier part trained too
-    train_seconds = earlier_train_seconds(run_dir, start) + time.perf_counter() - clock
-    summary = {**final, "num_params": size, "train_seconds": train_seconds,
-               "family": config.model.family, "name": config.name, "preempted": loop.preempted,
-               "mesh": dict(mesh.shape)}
-  if jax.process_index() == 0 and os.path.isdir(run_dir):
-    write_json_atomic(os.path.join(run_dir, "summary.json"), summary)
+        state = initial_state(family, model, config, run_dir, start, data, loop.checkpointer, abstract, shardings,
+                              optimizer, mesh, rules)
+        if config.train.resume_step is not None:  # restored: only now do the later steps go aside
+          loop.checkpointer.close()
+          set_aside_later_steps(run_dir, start)
+          loop.checkpointer = Checkpointer(run_dir, keep=config.train.keep_checkpoints)
+        train_fn, eval_fn = compiled_steps(family, config, shardings)
+        size, clock = num_params(state.params), time.perf_counter()
+        loop.flops_per_unit = family.flops_per_unit and family.flops_per_unit(config, state.params)
+        loop.peak = peak_flops(mesh.devices.flatten(), config.train.peak_tflops)
+        if progress and jax.process_index() == 0:
+          lines = start_block(config, size, mesh, run_dir, start, resume_command)
+          if not loop.flops_per_unit:  # said once here, not on every log row
+            lines.append(f"mfu      not logged: the {family.name} family gives no FLOPs estimate "
+                         "(Family.flops_per_unit)")
+          print("\n".join(lines), flush=True)
+        final = loop.run(state, train_fn, eval_fn, progress)
+      finally:
+        if loop.checkpointer is not None:
+          loop.checkpointer.close()
+        if created and not loop.trained and lock.held:
+          shutil.rmtree(run_dir, ignore_errors=True)  # nothing trained: leave nothing behind
+      # a resumed run counts the time its earlier part trained too
+      train_seconds = earlier_train_seconds(run_dir, start) + time.perf_counter() - clock
+      summary = {**final, "num_params": size, "train_seconds": train_seconds,
+                 "family": config.model.family, "name": config.name, "preempted": loop.preempted,
+                 "mesh": dict(mesh.shape), "eval_data": config.data.evaluation_data()}
+      if jax.process_index() == 0 and os.path.isdir(run_dir):
+        write_json_atomic(os.path.join(run_dir, "summary.json"), summary)
   return run_dir, summary
 
 
@@ -323,8 +327,8 @@ class TrainingLoop:
     return self.saved_step
 
   def _save(self, step, state):
-    if step != self.saved_step:
-      self.checkpointer.save(step, state, self.data.train)
+    if step != self.saved_step:  # the config too: a run that lost config.json reads it from here
+      self.checkpointer.save(step, state, self.data.train, config=experiment.to_dict(self.config))
       self.saved_step = step
 
   def hooks(self, log, eval_fn, clock):

@@ -14,29 +14,49 @@ import sys
 import time
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
 from lpcjax import experiment, models
 from lpcjax.config import ConfigError
-from lpcjax.errors import UserError
+from lpcjax.errors import RunError, UserError, warn
+from lpcjax.files import check_run_path, filesystem_problem, write_json_atomic
 from lpcjax.layers.common import num_params  # noqa: F401  (re-exported for the trainer)
 
 from .checkpoint import (Checkpointer, DamagedCheckpointError, IncompleteCheckpointError, TreeMismatchError,
-                         checkpoint_steps, has_checkpoint, latest_checkpoint_step, tree_mismatch)
+                         checkpoint_steps, has_checkpoint, latest_checkpoint_step, saved_config, tree_mismatch)
+from .run_lock import RunLock, RunLockedError
 from .steps import make_optimizer, state_shardings, variable_shardings
 
 
-class RunError(UserError, ValueError):
-  """A run directory that cannot be read: no config.json, no checkpoint, no such step."""
-
-
 def read_config(run_dir):
-  """The ExperimentConfig saved in ``run_dir``/config.json."""
+  """The ExperimentConfig saved in ``run_dir``/config.json; where that file is gone, the copy the
+  latest checkpoint carries (with a note on stderr). A path that is not a run directory (absent,
+  a file, a folder without config or checkpoints) is a one-line RunError saying which."""
   path = os.path.join(run_dir, "config.json")
-  if not os.path.isfile(path):
-    raise RunError(f"{run_dir}: no config.json, not a run directory")
-  with open(path) as f:
-    return experiment.from_dict(json.load(f))
+  if os.path.isfile(path):
+    with open(path) as f:
+      return experiment.from_dict(json.load(f))
+  check_run_path(run_dir)
+  saved = saved_config(run_dir)
+  if saved is not None:
+    step, values = saved
+    warn(f"{run_dir} has no config.json: using the config saved with checkpoint step {step} "
+         "(a resumed run writes config.json again)")
+    return experiment.from_dict(values)
+  if has_checkpoint(run_dir):
+    raise RunError(f"{run_dir}: no config.json, and its checkpoints (written before lpcjax saved the config with "
+                   "each step) carry none: write it again with the command that started the run, plus "
+                   f"--print-config > {path}")
+  raise RunError(f"{run_dir}: not a run directory (no config.json, no checkpoint)")
+
+
+def restore_config_file(run_dir, config):
+  """config.json written again from ``config`` (the checkpoint's) where a resumed run lost it."""
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isfile(path) and jax.process_index() == 0:
+    write_json_atomic(path, experiment.to_dict(config))
+    print(f"note: wrote {path} again from the config its latest checkpoint carries", file=sys.stderr)
 
 
 def _restore(run_dir, config, step, read):
@@ -152,9 +172,13 @@ class RunExistsError(UserError, FileExistsError):
 
 
 def open_run_directory(config, resume):
-  """(run_dir, latest checkpoint step or None, whether this call created the folder), after
-  checking what ``resume`` asks of it: False, a new run (a folder with checkpoints is an error);
-  True, continue its latest checkpoint (none is an error); "or_start", continue or start."""
+  """(run_dir, latest checkpoint step or None, whether this call created the folder, its
+  RunLock), after holding the folder for this trainer alone (``RunLock``: a second trainer
+  stops here, having written nothing) and checking what ``resume`` asks of it: False, a new run
+  (a folder with checkpoints is an error); True, continue its latest checkpoint (none is an
+  error); "or_start", continue or start. On an error nothing stays behind: the lock is released
+  and a folder this call created is removed. In a run of several processes process 0 holds the
+  lock for all, and all of them raise if it could not."""
   if config.train.resume_step is not None and not resume:
     raise ConfigError("train.resume_step: continues a run from one of its checkpoints; pass --resume")
   if resume and not config.train.run_name:
@@ -166,22 +190,57 @@ def open_run_directory(config, resume):
     raise ConfigError("train.run_name: a run of several processes needs a name")
   name = config.train.run_name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
   run_dir = os.path.join(config.train.run_dir, name)
+  if resume is True and not has_checkpoint(run_dir):  # before a folder is made for it
+    raise RunError(f"{run_dir}: no checkpoint to resume; start it without --resume "
+                   "(--resume-or-start does either)")
+  created, lock = not os.path.isdir(run_dir), RunLock(run_dir)
+  try:
+    _hold(run_dir, lock)
+    if lock.note():
+      print(lock.note(), file=sys.stderr)
+    return (run_dir, _checked_start(run_dir, config, resume), created, lock)
+  except BaseException:
+    if created and lock.held:  # a folder made by this call, not by a trainer that started beside it
+      shutil.rmtree(run_dir, ignore_errors=True)
+    lock.release()
+    raise
+
+
+def _hold(run_dir, lock):
+  """Make ``run_dir`` (and its parents) and hold it: process 0 takes ``lock``, and every
+  process learns whether it could."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      os.makedirs(run_dir, exist_ok=True)
+    except OSError as problem:
+      error = filesystem_problem(problem, run_dir, "choose a writable folder with train.run_dir=PATH")
+    else:
+      try:
+        lock.acquire()
+      except UserError as problem:
+        error = problem
+  if jax.process_count() > 1:
+    failed = multihost_utils.broadcast_one_to_all(np.int32(error is not None))
+    if failed and error is None:
+      error = RunLockedError(f"{run_dir}: process 0 could not hold the run directory (its error says why)")
+  if error is not None:
+    raise error
+
+
+def _checked_start(run_dir, config, resume):
+  """The step a trainer holding ``run_dir`` starts from (None: a new run), after the checks."""
   latest = latest_checkpoint_step(run_dir)
   if latest is not None and not resume:
     raise RunExistsError(f"run directory {run_dir} already holds checkpoints; pass --resume to "
-                          "continue it or choose another train.run_name")
-  if latest is None and resume is True:
-    raise RunError(f"{run_dir}: no checkpoint to resume; start it without --resume "
-                   "(--resume-or-start does either)")
+                         "continue it or choose another train.run_name")
   if config.train.resume_step is not None:  # checked now; the later steps go aside once it is restored
     _later_steps(run_dir, config.train.resume_step)
     latest = config.train.resume_step
   if latest is not None and latest > config.train.steps:
     raise ConfigError(f"train.steps: {run_dir} is already at step {latest}, past "
-                                 f"train.steps={config.train.steps}; set train.steps above {latest} to train on")
-  created = not os.path.isdir(run_dir)
-  os.makedirs(run_dir, exist_ok=True)
-  return run_dir, latest, created
+                      f"train.steps={config.train.steps}; set train.steps above {latest} to train on")
+  return latest
 
 
 def _later_steps(run_dir, step):
@@ -218,8 +277,10 @@ def set_aside_later_steps(run_dir, step):
 
 
 def check_resumable(run_dir, config):
-  """The model and data of a resumed run must be the checkpoint's; train.* may change."""
-  saved = experiment.to_dict(read_config(run_dir))  # the run's, not the one being resumed with
+  """The model and data of a resumed run must be the checkpoint's; train.* may change. A run
+  that lost its config.json gets it back (``restore_config_file``) once this check passes."""
+  run_config = read_config(run_dir)  # the run's, not the one being resumed with
+  saved = experiment.to_dict(run_config)
   now = experiment.to_dict(config)
   for section in ("model", "data"):
     for key in sorted(set(saved[section]) | set(now[section])):
@@ -229,6 +290,7 @@ def check_resumable(run_dir, config):
       if old != new:
         raise ConfigError(f"{section}.{key}: the checkpoint in {run_dir} was trained with "
                                      f"{old!r}, this config says {new!r}")
+  restore_config_file(run_dir, run_config)
 
 
 def earlier_train_seconds(run_dir, start):

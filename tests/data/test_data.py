@@ -1,3 +1,4 @@
+import dataclasses
 import gzip
 import json
 import subprocess
@@ -126,3 +127,19 @@ def test_prepare_cli_errors_in_one_line(tmp_path):
                            "--tokenizer-file", "/nonexistent"], capture_output=True, text=True)
   assert result.returncode == 2 and "tokenizer rank file not found" in result.stderr
   assert not list(tmp_path.glob("t.*"))  # nothing half-written
+
+
+def test_an_empty_or_short_text_file_is_named(tmp_path, gpt2_rank_file):
+  """A 0-byte file is "empty", not "1 tokens"; too little text names the files and the split."""
+  from lpcjax.data import make_dataset
+  from lpcjax.data.windows import TextDataConfig
+  (tmp_path / "empty.txt").write_text("")
+  (tmp_path / "short.txt").write_text("Only a few words here.")
+  config = TextDataConfig(seq_len=256, batch_size=1, tokenizer_file=gpt2_rank_file,
+                          train_files=(str(tmp_path / "empty.txt"),))
+  with pytest.raises(DataError, match=rf"^{tmp_path / 'empty.txt'} is empty: no text to read$"):
+    make_dataset(config, 0, "train")
+  short = dataclasses.replace(config, train_files=(str(tmp_path / "short.txt"),))
+  with pytest.raises(DataError, match=rf"^{tmp_path / 'short.txt'} \(data.train_files\): 7 tokens, fewer than one "
+                                      r"window needs \(seq_len \+ 1 = 257\)$"):
+    make_dataset(short, 0, "train")

@@ -333,6 +333,24 @@ def test_sparse_curves_plot_where_they_have_loss(tmp_path):
   assert not (tmp_path / "blank.png").exists()
 
 
+def test_a_solved_task_is_drawn_as_solved_not_as_magnified_noise():
+  """A solved MQAR run's loss is 1e-5 give or take float noise: the axis is pinned to [0, 1] with
+  a note, rather than stretched over the noise; an unsolved curve is drawn as it is."""
+  import matplotlib.pyplot as plt
+
+  from lpcjax.evaluation.plots import SOLVED_LOSS, show_solved
+  fig, ax = plt.subplots()
+  noise = 1.2e-5 + 1e-6 * np.sin(np.arange(64))
+  ax.plot(noise)
+  assert show_solved(ax, [noise], 0, 1, SOLVED_LOSS) and ax.get_ylim() == (0, 1)
+  assert ax.texts[0].get_text().startswith("solved: under 0.001 at every point (largest 1.3e-05)")
+  fig2, ax2 = plt.subplots()
+  ax2.plot([2.0, 0.5])
+  assert not show_solved(ax2, [[2.0, 0.5, np.nan]], 0, 1, SOLVED_LOSS) and not ax2.texts
+  plt.close(fig)
+  plt.close(fig2)
+
+
 def test_eval_reads_every_sequence_by_default(tmp_path, gpt2_rank_file):
   """10 held-out windows on 8 devices: two batches, the second padded; every window is scored
   once, the padding nowhere."""
@@ -348,11 +366,13 @@ def test_eval_reads_every_sequence_by_default(tmp_path, gpt2_rank_file):
   run_dir, _ = train(cfg, progress=False, devices=jax.devices()[:1])
   result = evaluate_run(run_dir, tokens=held_out, eval_len=64, progress=False)
   assert result["num_sequences"] == 10 and len(result["per_sequence_loss"]) == 10
+  assert result["eval_data"] == f"token file {held_out}"  # named, in per_token.json and the report
   assert result["num_tokens"] == 10 * 64 and result["per_token_count"] == [10.0] * 64
   assert result["band"]["sequences"] == [10]
   # too little text for the default evaluation length (4 x 16 + 1 tokens): the line names --eval-len
   short = write_token_file(tmp_path / "short", 40, seed=2, tokenizer_sha256=sha)
-  with pytest.raises(DataError, match=r"fewer than seq_len \+ 1 = 65; the evaluation length is 64 \(--eval-len, "
+  with pytest.raises(DataError, match=r"^token file .*short: 40 tokens, fewer than one "
+                                      r"window needs \(seq_len \+ 1 = 65\); the evaluation length is 64 \(--eval-len, "
                                       r"default 4x the training length\): pass --eval-len 39 or less"):
     evaluate_run(run_dir, tokens=short, progress=False)
   with pytest.raises(DataError, match=r"--max-sequences: must be >= 1, got 0 \(leave it out to score every"):

@@ -201,7 +201,14 @@ def test_the_start_block_names_the_data_and_the_resume_command():
   lines = start_block(text, 1234, make_mesh(text.train, one_device()), "runs/x", 5, lambda name: f"resume {name}")
   assert lines[0] == "config   fox_tiny_text: fox (llama), 1,234 parameters"
   assert lines[2] == "data     text, batch 4 x 256; train_files=a.txt,b.txt,c.txt (+2 more)"
-  assert lines[3].endswith("; resuming at step 5") and lines[-1] == "resume   resume x"
+  assert lines[3] == ("eval     the training text (a.txt, b.txt, c.txt (+2 more); no data.eval_files): its loss there "
+                      "is a training loss, not a held-out one")
+  assert lines[4].endswith("; resuming at step 5") and lines[-1] == "resume   resume x"
+  held_out = C.apply_overrides(text, ["data.eval_files=held.txt"])
+  assert start_block(held_out, 1, make_mesh(text.train, one_device()), "runs/x", 0)[3] == "eval     text held.txt"
+  mqar = C.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py"))
+  assert start_block(mqar, 1, make_mesh(mqar.train, one_device()), "runs/x", 0)[3] == (
+      "eval     generated mqar examples of the held-out split (seeded apart from the training examples)")
 
 
 def test_a_family_that_cannot_split_its_sequence_is_named_before_the_mesh(tmp_path):

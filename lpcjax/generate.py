@@ -160,7 +160,8 @@ def main(argv=None):
     vocab = run.config.model.vocab_size
     if any(not 0 <= t < vocab for p in prompts for t in p):
       raise GenerationError(f"prompt token ids must be in [0, {vocab})")
-    note_past_training_length(run, max(map(len, prompts)) + args.max_new_tokens)
+    if all(prompts):  # an empty prompt is an error of generate's, to be said alone
+      note_past_training_length(run, max(map(len, prompts)) + args.max_new_tokens)
     if tokenizer:
       decode = lambda ids: tokenizer.decode([t for t in ids if t < tokenizer.n_vocab])
     else:

@@ -105,6 +105,8 @@ def test_a_second_trainer_exits_2_with_one_line_and_changes_nothing(tmp_path):
           + result.stderr.split(f"{socket.gethostname()} ", 1)[1].strip()]
       assert "one trainer per run directory" in result.stderr and result.stdout == ""
     assert snapshot(run_dir) == before
+    from lpcjax.runs import load_run
+    assert load_run(str(run_dir)).step == 2  # readers (eval.py, generate) never wait for the lock
     fresh = tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=0", name="fresh")
     os.makedirs(tmp_path / "fresh")
     with RunLock(str(tmp_path / "fresh")) as other:

@@ -114,3 +114,82 @@ def test_window_bounds_on_numpy_starts_are_numpy_and_equal_the_traced_ones(windo
                                                                              window))):
     assert not hasattr(numpy_bound, "devices")  # not a jax array
     np.testing.assert_array_equal(numpy_bound, np.asarray(jax_bound))
+
+
+def test_compile_for_answers_bad_requests_in_one_line(tmp_path):
+  """train.py --compile-for: an unknown target before JAX starts, --json alone, --resume with it;
+  without the compilers (jax 0.10 here), what to install. Nothing is written."""
+  import subprocess
+  import sys
+
+  from conftest import REPO
+  run = lambda *args: subprocess.run([sys.executable, str(REPO / "train.py"), *args], capture_output=True,
+                                     text=True, cwd=tmp_path)
+  result = run("--compile-for", "h300")
+  assert result.returncode == 2 and result.stderr.strip().startswith("error: unknown target 'h300'; targets look like")
+  for args, message in ((["--json", "plan.json"], "--json goes with --compile-for"),
+                        (["--compile-for", "h100", "--resume"], "--compile-for compiles a step and trains nothing")):
+    result = run(*args)
+    assert result.returncode == 2 and message in result.stderr
+  if not installed("jax_plugins.xla_cuda12"):
+    result = run("--compile-for", "h100x8")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "no GPU compiler here" in result.stderr
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_a_step_that_does_not_fit_gets_the_compiled_overrides_that_do(monkeypatch):
+  """The candidates are compiled in order, cheapest first, and the line names the ones that fit
+  (here plan_step stands in for the compiler: the compiles themselves are in
+  tests/training/test_compile_for.py, CI's Python 3.12 leg)."""
+  from lpcjax import experiment
+  from lpcjax.aot import plan
+
+  from conftest import REPO
+  config = experiment.apply_overrides(experiment.load_experiment(str(REPO / "configs" / "fox_tiny_mqar.py")),
+                                      ["train.mesh_data=8"])
+  assert plan.candidates(config, "h100x8")[:3] == [
+      ["train.mesh_fsdp=8", "train.mesh_data=1", "train.mesh_context=1", "train.mesh_tensor=1"],
+      ["train.mesh_fsdp=8", "train.mesh_data=1", "train.mesh_context=1", "train.mesh_tensor=1",
+       "model.remat_policy=full"],
+      ["train.mesh_fsdp=8", "train.mesh_data=1", "train.mesh_context=1", "train.mesh_tensor=1",
+       "model.remat_policy=full", "train.grad_accum_steps=2"]]
+  gib = plan.GiB
+  compiled = []
+
+  def fake_plan(config, target, overrides=()):
+    compiled.append(tuple(overrides))
+    total = {0: 100, 1: 90, 2: 70, 3: 60}.get(len(compiled) - 1, 50) * gib  # falls as the candidates go on
+    return plan.StepPlan(target="h100x8", devices=8, chip_memory=80 * gib, mesh={"data": 1, "fsdp": 8},
+                         overrides=tuple(overrides), params=0, optimizer_state=0, batch=0, arguments=total,
+                         outputs=0, temporaries=0, aliased=0, code=0, model_flops=0.0, compiler_flops=0.0,
+                         estimated_seconds=0.0, collectives={})
+
+  monkeypatch.setattr(plan, "plan_step", fake_plan)
+  printed = []
+  assert plan.compile_for(config, "h100x8", print_line=printed.append) == 1
+  assert len(compiled) == 4  # the plan, then candidates until two fit
+  assert printed[-1] == ("does not fit: 20.00 GiB over; compiled and fitting: " + " ".join(compiled[2])
+                         + " (70.00 GiB, mesh data 1 x fsdp 8); or " + " ".join(compiled[3])
+                         + " (60.00 GiB, mesh data 1 x fsdp 8)")
+
+
+def test_collectives_are_read_from_the_compiled_program():
+  from lpcjax.aot.plan import collectives
+  hlo = """
+  %all-reduce.1 = f32[1024,768]{1,0} all-reduce(f32[1024,768]{1,0} %x), replica_groups={{0,1}}
+  %ag = (bf16[8,128]{1,0}, bf16[64,128]{1,0}) all-gather-start(bf16[8,128]{1,0} %y), dimensions={0}
+  %cp = u32[] collective-permute(u32[] %z), source_target_pairs={{0,1}}
+  %add = f32[4]{0} add(f32[4]{0} %a, f32[4]{0} %b)
+  """
+  assert collectives(hlo) == {"all-reduce": {"count": 1, "bytes": 4 * 1024 * 768},
+                              "all-gather": {"count": 1, "bytes": 2 * 64 * 128},
+                              "collective-permute": {"count": 1, "bytes": 4}}
+
+
+def test_a_step_libtpu_refuses_for_its_memory_is_a_plan_that_does_not_fit():
+  from lpcjax.aot.plan import _OUT_OF_MEMORY
+  message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (19.08G) "
+             "exceeds available HBM (15.75G). HLO module: jit_train_step.")
+  found = _OUT_OF_MEMORY.search(message)
+  assert (float(found[1]), float(found[2])) == (19.08, 15.75)

@@ -203,8 +203,8 @@ def compile_only_devices(target):
                                               **bounds)
   except (NotImplementedError, RuntimeError, ValueError) as error:
     package = "jax-cuda12-plugin" if target.kind == "gpu" else "libtpu"
-    raise TargetError(f"target {target.name}: no {target.kind.upper()} compiler here ({package} for this jax, "
-                      f"pip install 'lpcjax[aot]'; start JAX with JAX_PLATFORMS=cpu): "
+    raise TargetError(f"target {target.name}: no {target.kind.upper()} compiler here ({package} for this jax: "
+                      f"pip install 'lpcjax[aot]', Python >= 3.12; start JAX with JAX_PLATFORMS=cpu): "
                       f"{str(error).splitlines()[0]}") from None
   return sorted(topology.devices, key=lambda d: (d.process_index, d.id))
 

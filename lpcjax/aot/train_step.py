@@ -44,6 +44,18 @@ def abstract_batch(config, mesh):
 def compile_train_step(config, devices, compiler_options=None):
   """The jitted training step of ``config`` (an ExperimentConfig) lowered and compiled for
   ``devices`` (``targets.compile_only_devices``); a ``jax.stages.Compiled``."""
+  return compile_lowered(lowered_train_step(config, devices)[0], compiler_options)
+
+
+def compile_lowered(lowered, compiler_options=None):
+  """``lowered.compile`` for a target: XLA's optimization level said, no persistent cache."""
+  with no_compilation_cache():
+    return lowered.compile({**COMPILER_OPTIONS, **(compiler_options or {})})
+
+
+def lowered_train_step(config, devices):
+  """(the training step of ``config`` lowered for ``devices``, the abstract TrainState and batch
+  it was lowered for, with their shardings, the family, the mesh)."""
   family, model, mesh, rules = model_and_mesh(config, devices)
   # The target's devices are the mesh and the default device only for the trace, lowering and
   # compile (Pallas on Triton reads the GPU there): what runs eagerly before (optax initialising
@@ -56,5 +68,6 @@ def compile_train_step(config, devices, compiler_options=None):
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
     step, _ = compiled_steps(family, config, shardings)
     batch = abstract_batch(config, mesh)
-    with jax.set_mesh(mesh), jax.default_device(devices[0]), no_compilation_cache():
-      return step.trace(state, batch).lower().compile({**COMPILER_OPTIONS, **(compiler_options or {})})
+    with jax.set_mesh(mesh), jax.default_device(devices[0]):
+      lowered = step.trace(state, batch).lower()
+  return lowered, state, batch, family, mesh

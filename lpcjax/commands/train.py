@@ -7,6 +7,7 @@
   python train.py --config ... train.init_from=runs/A[:STEP]   # a new run from run A's weights
   python train.py --config fox_tiny_text --tokenizer-file gpt2.tiktoken data.train_files=book.txt
   python train.py --list-configs                    # the named experiments (configs/)
+  python train.py --config paper:fox_760m --compile-for h100x8   # does it fit 8 H100s? (nothing is run)
 
 Any config field can be overridden as section.field=value: --print-config shows them all, with
 their values (docs/training.md explains them). A named experiment (--list-configs) or an
@@ -75,6 +76,26 @@ def _this_command():
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "train.py")
 
 
+def _resolved_config(args):
+  """The experiment the arguments name, with their overrides and tokenizer file applied."""
+  from lpcjax import experiment
+  from lpcjax.data import with_tokenizer
+  config = experiment.load_experiment(args.config, CONFIG_DIR)
+  config = experiment.apply_overrides(config, args.overrides)
+  if args.tokenizer_file and not hasattr(config.data, "tokenizer_file"):
+    raise experiment.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no tokenizer")
+  return dataclasses.replace(config, data=with_tokenizer(config.data, args.tokenizer_file))
+
+
+def _compile_for(args):
+  """--compile-for: the step compiled for the target, its plan printed; 0 if it fits, else 1."""
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the target's devices are compile-only: none is used here
+  from lpcjax.aot.targets import parse_target  # standard library: a mistyped target is answered before JAX
+  parse_target(args.compile_for)
+  from lpcjax.aot.plan import compile_for
+  return compile_for(_resolved_config(args), args.compile_for, args.json)
+
+
 def _train(args, argv):
   """(run_dir, summary), or (None, None) after --print-config."""
   if os.environ.get("LPCJAX_DISTRIBUTED") == "1":
@@ -86,14 +107,9 @@ def _train(args, argv):
     for name, description in experiment.config_names(CONFIG_DIR).items():
       print(f"{name:<16} {description}")
     return None, None
-  from lpcjax.data import with_tokenizer
   from lpcjax.training import train
 
-  config = experiment.load_experiment(args.config, CONFIG_DIR)
-  config = experiment.apply_overrides(config, args.overrides)
-  if args.tokenizer_file and not hasattr(config.data, "tokenizer_file"):
-    raise experiment.ConfigError(f"--tokenizer-file: data.kind={config.data.kind} uses no tokenizer")
-  config = dataclasses.replace(config, data=with_tokenizer(config.data, args.tokenizer_file))
+  config = _resolved_config(args)
   if args.print_config:
     print(experiment.to_json(config))
     return None, None
@@ -122,9 +138,20 @@ def _main(argv):
                       help="continue the run's latest checkpoint (state and data order); none is an error")
   resume.add_argument("--resume-or-start", dest="resume", action="store_const", const="or_start",
                       help="continue the run's latest checkpoint, or start the run if it has none")
+  parser.add_argument("--compile-for", metavar="TARGET", default=None,
+                      help="compile the training step for chips that are not here (h100, h100x8, 2xh100x8, "
+                           "h200x8, v5e-8, v5e-16, v5p-8, v6e-8) and say whether it fits; nothing is trained or "
+                           "written (needs pip install 'lpcjax[aot]', Python >= 3.12)")
+  parser.add_argument("--json", metavar="PATH", default=None, help="with --compile-for: the plan as JSON too")
   parser.add_argument("overrides", nargs="*", help="section.field=value")
   argv = sys.argv[1:] if argv is None else list(argv)
   args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
+  if args.json and not args.compile_for:
+    parser.error("--json goes with --compile-for")
+  if args.compile_for:
+    if args.resume:
+      parser.error("--compile-for compiles a step and trains nothing: it takes no --resume")
+    return cli.exit_status(lambda: _compile_for(args))  # 0 fits, 1 does not (its line says by how much), 2 error
 
   try:
     outcome = cli.exit_status(lambda: _train(args, argv))

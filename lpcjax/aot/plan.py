@@ -25,7 +25,7 @@ import re
 import jax
 import numpy as np
 
-from lpcjax import experiment
+from lpcjax import experiment, models
 from lpcjax.config import ConfigError
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels import platform_problem
@@ -187,7 +187,6 @@ def candidates(config, target):
   for accum in (2, 4):
     if config.data.batch_size % (accum * train.grad_accum_steps) == 0:
       sets.append(fsdp + remat + [f"train.grad_accum_steps={accum * train.grad_accum_steps}"])
-  from lpcjax import models
   if models.get(model.family).context_parallel:
     for ways in (2, 4):
       if devices % ways == 0:

@@ -15,7 +15,7 @@ import numpy as np
 from lpcjax.data import DataError, TokenWindowConfig, TokenWindowSource, make_source
 from lpcjax.kernels.target import building_for
 from lpcjax.sharding import check_divisible
-from lpcjax.training.loop import batch_sharding, compiled_steps, model_and_mesh
+from lpcjax.training.loop import batch_sharding, check_batch, compiled_steps, model_and_mesh
 from lpcjax.training.steps import make_optimizer, state_shardings
 
 from .targets import COMPILER_OPTIONS, no_compilation_cache
@@ -57,6 +57,7 @@ def lowered_train_step(config, devices):
   """(the training step of ``config`` lowered for ``devices``, the abstract TrainState and batch
   it was lowered for, with their shardings, the family, the mesh)."""
   family, model, mesh, rules = model_and_mesh(config, devices)
+  check_batch(config, mesh)  # as the trainer's data does, before anything is traced
   # The target's devices are the mesh and the default device only for the trace, lowering and
   # compile (Pallas on Triton reads the GPU there): what runs eagerly before (optax initialising
   # the abstract state) cannot run on devices that are not here. Until then the mesh is abstract.

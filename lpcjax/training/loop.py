@@ -60,16 +60,22 @@ def batch_sharding(mesh, ndim):
   return NamedSharding(mesh, P(("data", "fsdp")))
 
 
+def check_batch(config, mesh):
+  """A one-line ConfigError when the global batch does not split over the mesh's batch axes and
+  the accumulation's micro-batches."""
+  data_ways = mesh.shape["data"] * mesh.shape["fsdp"]
+  if config.data.batch_size % (data_ways * config.train.grad_accum_steps):
+    raise experiment.ConfigError(
+        f"data.batch_size: {config.data.batch_size} is not divisible by the data axes (data x fsdp "
+        f"= {data_ways}) times train.grad_accum_steps={config.train.grad_accum_steps}")
+
+
 class TrainingData:
   """The training iterator, the evaluation set and the placement of a process's batches as
   global arrays sharded over the mesh's batch axes."""
 
   def __init__(self, config, mesh):
-    data_ways = mesh.shape["data"] * mesh.shape["fsdp"]
-    if config.data.batch_size % (data_ways * config.train.grad_accum_steps):
-      raise experiment.ConfigError(
-          f"data.batch_size: {config.data.batch_size} is not divisible by the data axes (data x fsdp "
-          f"= {data_ways}) times train.grad_accum_steps={config.train.grad_accum_steps}")
+    check_batch(config, mesh)
     self.mesh = mesh
     self.train = make_iterator(make_dataset(config.data, config.train.seed, "train"))
     max_examples = config.train.eval_batches * config.data.batch_size or None

@@ -47,6 +47,7 @@ def test_a_tiny_step_compiled_for_a_small_target_prints_its_plan(tmp_path, targe
 @pytest.mark.parametrize("target, overrides, message", [
     ("h100x8", ["train.mesh_data=3"], "train.mesh_data: data x fsdp x context x tensor = 3 x 1 x 1 x 1 needs 3 "
                                       "devices, found 8"),
+    ("h100x8", ["data.batch_size=4"], "data.batch_size: 4 is not divisible by the data axes (data x fsdp = 8)"),
     ("h100", ["model.attention_impl=pallas_tpu"], "model.attention_impl: impl='pallas_tpu' runs on tpu"),
     ("v5e", ["model.attention_impl=mosaic_gpu", "model.head_dim=64", "model.dtype=bfloat16"],
      "model.attention_impl: impl='mosaic_gpu' runs on gpu"),

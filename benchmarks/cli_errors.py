@@ -1,8 +1,10 @@
 """How long the command lines take to answer bad input, beside `python -c "import jax"` measured
 in the same run: each case in a fresh process, its median wall time over --repeats.
 
-The aim (issue #68) is an answer in about a second, before JAX and the model code are imported;
-this measures where that stands. Prints a table and writes JSON.
+The aim (issue #68) is an answer in about a second, before JAX and the model code are imported.
+Every case but the last answers before JAX loads; the last, an attention backend the model
+cannot use, needs the backends' table (JAX) and is answered when the run starts. Prints a table
+and writes JSON.
 
   python benchmarks/cli_errors.py [--repeats 3] [--out benchmarks/results/cli_errors.json]
 """
@@ -33,7 +35,11 @@ def cases(scratch):
       ("train.py: a missing data file", [*train, "--config", "fox_tiny_text", "data.train_files=/missing.txt"], 2),
       ("train.py: a run folder under a file", [*train, f"train.run_dir={a_file}", "train.steps=1",
                                                "train.warmup_steps=0"], 2),
+      ("train.py: lpcsm's chunks and seq_len", [*train, "--config", "lpcsm:tiny", "data.seq_len=100"], 2),
       ("eval.py: a run that is not there", [*evaluate, "--run", os.path.join(scratch, "nowhere")], 2),
+      ("train.py: a backend it cannot use (JAX)", [*train, "model.attention_impl=pallas", "model.head_dim=8",
+                                                   "train.steps=1", "train.warmup_steps=0",
+                                                   f"train.run_dir={scratch}/runs"], 2),
   ]
 
 

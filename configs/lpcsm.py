@@ -48,7 +48,7 @@ import dataclasses
 from lpcjax.experiment import ExperimentConfig
 from lpcjax.data import TextDataConfig
 from lpcjax.models import LPCSMConfig
-from lpcjax.models.lpcsm import LPCSMTrainConfig
+from lpcjax.models.lpcsm_config import LPCSMTrainConfig
 
 SIZES = {
     "tiny": (LPCSMConfig(d_model=128, num_layers=4, num_heads=4, mlp_multiple_of=64, attention_window=64,

@@ -47,7 +47,7 @@ from lpcjax.data import (DelayedIdConfig, FuzzyRecallConfig, MQARDataConfig, Noi
 from lpcjax.config import LRScaledTrainConfig
 from lpcjax.experiment import ConfigError, ExperimentConfig, TrainConfig
 from lpcjax.models import FoXConfig, LPCSMConfig, SITHConfig, TransformerConfig
-from lpcjax.models.lpcsm import LPCSMTrainConfig
+from lpcjax.models.lpcsm_config import LPCSMTrainConfig
 
 SEQ_LEN, BATCH, VOCAB = 128, 32, 256
 TASKS = {

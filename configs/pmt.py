@@ -36,7 +36,7 @@ import dataclasses
 from lpcjax.experiment import ExperimentConfig
 from lpcjax.data import SeriesDataConfig, SyntheticSeriesConfig
 from lpcjax.models import PMTConfig
-from lpcjax.models.pmt import GATE_PATTERNS, PMTTrainConfig
+from lpcjax.models.pmt_config import GATE_PATTERNS, PMTTrainConfig
 
 # Views and PCL (chosen on the validation splits of TRAIN files, docs/pmt_results.md, "Figures"): the spec's jitter of
 # 0.01 / 0.03 leaves the two views nearly equal, and its τ = 0.9 with 512 negatives puts PCL's floor

@@ -1,18 +1,25 @@
 """lpcjax.kernels: forgetting attention (reference, blockwise XLA, and GPU kernels when present).
 
 This folder is installed as ``lpcjax.kernels`` (see pyproject.toml); import it by that name.
+Its names load on first use (``lpcjax.lazy``): ``import lpcjax.kernels.target`` or a config
+check loads no JAX, and the backends' table is filled (``api``) before any of its names is
+read through the package.
 """
 
-# Each backend's file registers it in the table (backends.py); importing them fills the table.
-from . import mosaic_gpu, pallas_gpu, pallas_tpu, reference, triton_backend, xla_blockwise  # noqa: F401
-from .api import available_impls, forgetting_attention, register_backend
-from .backends import Backend, PairKernels, ordered_backends, platform_problem, resolve, source_of, unsupported
-from .block_sizes import BlockSizes
-from .sharded import sharded_forgetting_attention
-from .reference import reference_attention
-from .segments import segment_starts
+from lpcjax.lazy import lazy_exports
+
+LAZY_IMPORTS = {
+    "api": ("Backend", "PairKernels", "available_impls", "forgetting_attention", "ordered_backends",
+            "platform_problem", "register_backend", "resolve", "source_of", "unsupported"),
+    "block_sizes": ("BlockSizes",),
+    "reference": ("reference_attention",),
+    "segments": ("segment_starts",),
+    "sharded": ("sharded_forgetting_attention",),
+}
 
 __all__ = ["Backend", "BlockSizes", "PairKernels", "available_impls", "forgetting_attention", "ordered_backends",
            "platform_problem", "register_backend", "resolve", "source_of", "unsupported",
            "sharded_forgetting_attention",
            "reference_attention", "segment_starts"]
+
+__getattr__, __dir__ = lazy_exports(__name__, LAZY_IMPORTS)

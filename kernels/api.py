@@ -22,7 +22,11 @@ Every backend receives the same prepared inputs:
 
 from jax import lax
 
-from .backends import available_impls, register_backend, resolve
+# Each built-in backend's file registers it in the table (backends.py): importing them here
+# fills the table before anything reads it through this module or the package.
+from . import mosaic_gpu, pallas_gpu, pallas_tpu, reference, triton_backend, xla_blockwise  # noqa: F401
+from .backends import (Backend, PairKernels, available_impls, ordered_backends, platform_problem,  # noqa: F401
+                       register_backend, resolve, source_of, unsupported)
 from .checks import check_shapes, check_values, check_window, prepare_segments
 from .pruning import skip_threshold
 

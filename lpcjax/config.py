@@ -11,6 +11,7 @@ the registries, loads experiment files and round-trips JSON is one floor up, in
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from typing import ClassVar, Optional
@@ -42,27 +43,6 @@ def require_choice(value, field, choices):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """The base of every family's config (the ``model`` section). A subclass names the family it
-  is registered as in a class attribute, ``family: ClassVar[str] = "my_family"``, which the run's
-  config.json records and eval.py looks up; its fields are the family's own (``model.*``)."""
-
-  family: ClassVar[str] = ""
-
-
-def family_name(model_config, field="model"):
-  """The family a model config names, or a one-line ConfigError saying how to name one."""
-  name = getattr(model_config, "family", "")
-  if not isinstance(name, str) or not name:
-    cls = model_config if isinstance(model_config, type) else type(model_config)
-    what = cls.__name__ if dataclasses.is_dataclass(cls) else f"{model_config!r} (not a dataclass)"
-    raise ConfigError(f"{field}: {what} names no family; a family config subclasses lpcjax.config.ModelConfig "
-                      'and names its family in a class attribute: family: ClassVar[str] = "NAME"')
-  return name
-
-
-
-@dataclasses.dataclass(frozen=True)
 class DataConfig:
   """The fields every data kind has. Each kind (``data.kind``) is a subclass registered in
   ``lpcjax.data`` with its own fields and checks: ``mqar``, ``text``, ``tokens``, and whatever a
@@ -85,6 +65,7 @@ class DataConfig:
   scores_recall: ClassVar[bool] = False  # examples mark key-query pairs (recall by distance)
   scores_answers: ClassVar[bool] = False  # generated: accuracy at the answers by bucket, a test split
   default_eval_examples: ClassVar[Optional[int]] = None  # None: every example of a finite set
+  missing_file_hint: ClassVar[str] = ""  # said after "no such file: PATH" (check_input_files)
 
   def for_evaluation(self, seq_len, batch_size):
     """This data at the evaluation's sequence length and batch size."""
@@ -100,6 +81,16 @@ class DataConfig:
 
   def check_tokenizer(self):
     """Raise a DataError if the data was made with another tokenizer than the one configured."""
+
+  def input_files(self):
+    """[(field, path)]: the files this data reads, so that a command line finds a missing one
+    before JAX loads (``check_input_files``); none by default (generated data)."""
+    return []
+
+  def check_input_files(self):
+    """A one-line ConfigError naming the field of the first input file that is not there."""
+    for field, path in self.input_files():
+      require(os.path.isfile(path), field, f"no such file: {path}{self.missing_file_hint}")
 
   def evaluation_data(self):
     """What an evaluation of this data scores, in words: the start block, summary.json and
@@ -212,6 +203,40 @@ class LRScaledTrainConfig(TrainConfig):
 
   def lr_scale_rules(self):
     return self.lr_scales
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The base of every family's config (the ``model`` section). A subclass names the family it
+  is registered as in a class attribute, ``family: ClassVar[str] = "my_family"``, which the run's
+  config.json records and eval.py looks up; its fields are the family's own (``model.*``).
+
+  A subclass also says, in class attributes and one method, what only its config decides, so
+  that an experiment is checked before JAX loads (``lpcjax.experiment``): ``data_kinds``, the
+  ``data.kind`` values it reads; ``train_config_cls``, the class of the ``train`` section
+  (``TrainConfig`` or a subclass with the family's optimizer settings); ``check_experiment``,
+  a one-line ConfigError on an impossible pairing with the data or the trainer. What needs the
+  family's code (its kernels' backends) is the family's ``check`` (``lpcjax.models.Family``)."""
+
+  family: ClassVar[str] = ""
+  data_kinds: ClassVar[tuple] = ()
+  train_config_cls: ClassVar[type] = TrainConfig
+
+  def check_experiment(self, experiment):
+    """Raise a ConfigError when ``experiment`` (an ExperimentConfig holding this config)
+    pairs it with data or training it cannot take; nothing by default."""
+
+
+def family_name(model_config, field="model"):
+  """The family a model config names, or a one-line ConfigError saying how to name one."""
+  name = getattr(model_config, "family", "")
+  if not isinstance(name, str) or not name:
+    cls = model_config if isinstance(model_config, type) else type(model_config)
+    what = cls.__name__ if dataclasses.is_dataclass(cls) else f"{model_config!r} (not a dataclass)"
+    raise ConfigError(f"{field}: {what} names no family; a family config subclasses lpcjax.config.ModelConfig "
+                      'and names its family in a class attribute: family: ClassVar[str] = "NAME"')
+  return name
+
 
 
 @dataclasses.dataclass(frozen=True)

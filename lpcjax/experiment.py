@@ -8,6 +8,11 @@ One floor above the registries (``lpcjax.models``, ``lpcjax.data``), which it us
 fields both classes share. Unknown keys, unparsable values and impossible combinations fail at
 start with a ``ConfigError`` that names the field. ``to_dict``/``from_dict`` round-trip a run's
 config.json.
+
+Loading and checking an experiment imports no JAX (the configs and their checks are apart from
+the models: ``lpcjax.models``, ``lpcjax.lazy``), so a command line answers a bad override in
+about a second; what needs the family's code (its attention backend) is checked when a run
+starts (``lpcjax.models.checked_family``). ``to_dict``/``from_dict`` load the family.
 """
 
 import ast
@@ -38,15 +43,15 @@ class ExperimentConfig:
   name: str = "experiment"
 
   def __post_init__(self):
-    family = family_name(self.model)
+    family_name(self.model)
     require(isinstance(self.data, DataConfig) and self.data.kind, "data",
             "must be a data config from lpcjax.data (one class per data.kind)")
-    spec = models.get(family)
+    model_cls = type(self.model)
     # A plain TrainConfig (what experiment files write) becomes the family's own train class.
-    object.__setattr__(self, "train", train_for(spec, self.train))
-    require(self.data.kind in spec.data_kinds, "data.kind",
-            f"the {family} family reads {' or '.join(spec.data_kinds)}, not {self.data.kind!r}")
-    spec.check(self)
+    object.__setattr__(self, "train", train_for(model_cls, self.train))
+    require(self.data.kind in model_cls.data_kinds, "data.kind",
+            f"the {model_cls.family} family reads {' or '.join(model_cls.data_kinds)}, not {self.data.kind!r}")
+    self.model.check_experiment(self)
     require(self.data.batch_size % self.train.grad_accum_steps == 0, "train.grad_accum_steps",
             f"data.batch_size={self.data.batch_size} is not divisible by {self.train.grad_accum_steps}")
 
@@ -55,25 +60,25 @@ class ExperimentConfig:
 
 
 def switch_family(model_config, family_name):
-  return switch_class(model_config, models.get(family_name).config_cls)
+  return switch_class(model_config, models.config_class(family_name))
 
 
 def switch_kind(data_config, kind):
   return switch_class(data_config, data.get(kind).config_cls)
 
 
-def train_for(family, train):
-  """``train`` as an instance of the family's train class (``Family.train_config_cls``), keeping
-  every field both classes have; a setting of another family's optimizer is an error, not
-  silently dropped."""
-  target = family.train_config_cls
+def train_for(model_cls, train):
+  """``train`` as an instance of the train class of a family's config class ``model_cls``
+  (``ModelConfig.train_config_cls``), keeping every field both classes have; a setting of
+  another family's optimizer is an error, not silently dropped."""
+  target = model_cls.train_config_cls
   require(isinstance(train, TrainConfig), "train", "must be a TrainConfig (lpcjax.config)")
   if type(train) is target:
     return train
   names = {f.name for f in dataclasses.fields(target)}
   for f in dataclasses.fields(train):
     if f.name not in names and getattr(train, f.name) != f.default:
-      raise ConfigError(f"train.{f.name}: the {family.name} family's optimizer has no such setting")
+      raise ConfigError(f"train.{f.name}: the {model_cls.family} family's optimizer has no such setting")
   return target(**{f.name: getattr(train, f.name) for f in dataclasses.fields(train) if f.name in names})
 
 
@@ -102,7 +107,7 @@ def apply_overrides(config, overrides):
     data = switch_kind(data, kind)
   model = replace_fields(model, sections["model"], "model")
   data = replace_fields(data, sections["data"], "data")
-  train = train_for(models.get(model.family), config.train)  # the train.* fields the family has
+  train = train_for(type(model), config.train)  # the train.* fields the family has
   train = replace_fields(train, _fit_warmup(train, sections["train"]), "train")
   return dataclasses.replace(config, model=model, data=data, train=train, **top)
 

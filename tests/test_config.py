@@ -4,6 +4,7 @@ import re
 import pytest
 
 from lpcjax import experiment as C
+from lpcjax import models
 from lpcjax.models import FoXConfig, TransformerConfig
 
 from conftest import REPO, cli
@@ -35,7 +36,6 @@ def test_overrides_parse_by_field_type():
     ("model.vocab_size=100", "model.vocab_size: 100 is smaller than the mqar data's 256 tokens"),
     ("data.mqar_num_pairs=100", "data.mqar_num_pairs:"),
     ("train.warmup_steps=999999", "train.warmup_steps:"),
-    ("model.attention_impl=cuda", "model.attention_impl: must be one of"),
     ("model.family=mamba", "model.family: unknown model family 'mamba'"),
     ("data.kind=ucr", "data.kind: unknown kind 'ucr'"),
     ("data.train_files=a.txt", "data.train_files: unknown key for data.kind='mqar'"),
@@ -160,9 +160,17 @@ def test_a_run_records_where_its_family_is_defined():
     (["model.attention_impl=triton", "model.dtype=bfloat16", "model.head_dim=12"], "impl='triton' supports head_dim"),
 ])
 def test_the_backend_table_checks_the_config(overrides, message):
-  """What a backend cannot run is a one-line error when the config is built (kernels/backends.py)."""
+  """What a backend cannot run is a one-line error when a run starts (``models.checked_family``,
+  kernels/backends.py): the backends' table needs JAX, which the config's own checks do not load."""
+  config = C.apply_overrides(base(), overrides)
   with pytest.raises(C.ConfigError, match=re.escape(message)):
-    C.apply_overrides(base(), overrides)
+    models.checked_family(config)
   for impl in ("xla", "pallas", "triton"):  # the ring runs the GPU kernels' pair kernels too
     overrides = [f"model.attention_impl={impl}", "train.mesh_context=2", "model.head_dim=16"]
-    assert C.apply_overrides(base(), overrides).model.attention_impl == impl
+    assert models.checked_family(C.apply_overrides(base(), overrides)).name == "fox"
+
+
+def test_an_unknown_backend_is_named_when_a_run_starts():
+  config = C.apply_overrides(base(), ["model.attention_impl=cuda"])
+  with pytest.raises(C.ConfigError, match="model.attention_impl: must be one of"):
+    models.checked_family(config)

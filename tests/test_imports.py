@@ -1,9 +1,12 @@
 """The package's imports run one way (docs/layout.md): no module imports, directly or through
 others, a module that imports it, and no library module defers an lpcjax import into a function
 to dodge such a loop. Static: every ``import`` statement of lpcjax/ and kernels/ (installed as
-lpcjax.kernels), wherever it stands, is an edge; importing a package means its __init__."""
+lpcjax.kernels), wherever it stands, is an edge, and so is every submodule a package's
+``LAZY_IMPORTS`` names (``lpcjax.lazy``: loaded on first use); importing a package means its
+__init__."""
 
 import ast
+import os
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -34,6 +37,10 @@ def imports_of(name, path, modules):
   tree = ast.parse(path.read_text())
   top_level = {id(node) for node in tree.body}
   found = []
+  for node in tree.body:  # a package's LAZY_IMPORTS (lpcjax.lazy): its submodules, imported on first use
+    if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["LAZY_IMPORTS"]
+        and name == package):
+      found += [(f"{package}.{key.value}", False) for key in node.value.keys if f"{package}.{key.value}" in modules]
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       targets = [alias.name for alias in node.names]
@@ -99,6 +106,14 @@ def test_no_deferred_library_import():
   assert not deferred, f"imports inside functions (move them to the top of the module): {deferred}"
 
 
+def test_lazy_imports_are_edges(tmp_path):
+  """A package's LAZY_IMPORTS table is read as its imports, so a lazily loaded cycle is seen too."""
+  package = tmp_path / "__init__.py"
+  package.write_text('LAZY_IMPORTS = {"heavy": ("Thing",)}\n')
+  modules = {"lpcjax.p": package, "lpcjax.p.heavy": tmp_path / "heavy.py"}
+  assert imports_of("lpcjax.p", package, modules) == [("lpcjax.p.heavy", False)]
+
+
 def test_the_check_sees_a_cycle(tmp_path):
   """The graph code finds a loop when there is one (two modules importing each other)."""
   a, b = tmp_path / "a.py", tmp_path / "b.py"
@@ -115,7 +130,7 @@ def test_the_check_sees_a_cycle(tmp_path):
 # sits above the evaluators of its package).
 FLOORS = {
     "lpcjax": 1, "lpcjax.errors": 1, "lpcjax.config": 1, "lpcjax.cli": 1, "lpcjax.files": 1,
-    "lpcjax.interrupts": 1, "lpcjax.registry": 1,
+    "lpcjax.interrupts": 1, "lpcjax.registry": 1, "lpcjax.lazy": 1,
     "lpcjax.kernels": 2,
     "lpcjax.sharding": 3, "lpcjax.layers": 3,
     "lpcjax.data": 4,
@@ -180,3 +195,43 @@ def test_the_floors_check_sees_an_upward_import(tmp_path):
   (target, _), = imports_of("lpcjax.layers.layer", layer, modules)
   assert floor_of(target) > floor_of("lpcjax.layers.layer")
   assert floor_of("lpcjax.runs") > floor_of("lpcjax.training") > floor_of("lpcjax.evaluation.series")
+
+
+CONFIG_CHECKS_WITHOUT_JAX = r'''
+import contextlib, io, sys
+from lpcjax.commands.train import main
+for package in ("lpcjax.experiment", "lpcjax.models", "lpcjax.data", "lpcjax.layers", "lpcjax.kernels"):
+  __import__(package)
+cases = [["model.d_modle=3"], ["--config", "fox_tiny_text", "data.train_files=/no/such/file.txt"],
+         ["--config", "lpcsm:tiny", "data.seq_len=100"], [f"train.run_dir={sys.argv[1]}", "train.steps=1"],
+         ["model.family=foxx"], ["--config", "pmt", "data.batch_size=1"]]
+for argv in cases:
+  stderr = io.StringIO()
+  with contextlib.redirect_stderr(stderr):
+    status = main(argv)
+  print(status, stderr.getvalue().strip().splitlines()[-1])
+print("loaded:", sorted(m for m in ("jax", "flax", "grain", "optax", "orbax", "scipy") if m in sys.modules))
+'''
+
+
+def test_config_errors_answer_before_jax_loads(tmp_path):
+  """Bad overrides, a missing data file, an impossible pairing and a run folder under a file are
+  one line, exit 2, from train.py's main in a fresh process that never imports JAX (issue #68:
+  errors in about a second; benchmarks/cli_errors.py measures the time)."""
+  import subprocess
+  import sys
+
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run([sys.executable, "-c", CONFIG_CHECKS_WITHOUT_JAX, str(a_file)], capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=120)
+  assert result.returncode == 0, result.stderr
+  *lines, loaded = result.stdout.strip().splitlines()
+  assert [line.split(" ", 1)[0] for line in lines] == ["2"] * 6, lines
+  for line, expected in zip(lines, ["model.d_modle: unknown key", "data.train_files: no such file",
+                                    "data.seq_len: 100 must be a multiple of model.chunk_size",
+                                    "a file stands where a folder is needed", "did you mean fox?",
+                                    "data.batch_size: contrastive pre-training needs >= 2"]):
+    assert expected in line, line
+  assert loaded == "loaded: []", loaded

@@ -62,6 +62,7 @@ class ToySeriesSource:
 @dataclasses.dataclass(frozen=True)
 class ToyClassifierConfig(ModelConfig):
   family: ClassVar[str] = "toy_classifier"
+  data_kinds: ClassVar[tuple] = ("toy_series",)
 
   width: int = 16
   num_classes: int = 3
@@ -139,7 +140,7 @@ def register():
     models.register(models.Family(
         "toy_classifier", ToyClassifierConfig, ToyClassifier, loss=classification_loss,
         example_inputs=lambda d: (jnp.zeros((1, d.seq_len, d.num_channels), jnp.float32),),
-        data_kinds=("toy_series",), check=lambda config: None, mutable=("batch_stats",),
+        mutable=("batch_stats",),
         rng_streams=("dropout",), throughput_unit="samples", units_per_example=lambda config: 1,
         evaluator=ToyEvaluator))
   if "toy_lm" not in models.names():

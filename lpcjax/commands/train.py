@@ -36,6 +36,7 @@ import shlex
 import sys
 
 from lpcjax import cli, interrupts  # standard library only: JAX is imported later, inside main
+from lpcjax.files import check_writable
 
 DEFAULT_CONFIG = "fox_tiny_mqar"
 EXIT_STOPPED = 130  # stopped by SIGINT/SIGTERM before train.steps (also: before training started)
@@ -102,17 +103,20 @@ def _train(args, argv):
     import jax
     jax.distributed.initialize()  # coordinator, process count and id from the environment
 
-  from lpcjax import experiment
+  from lpcjax import experiment  # no JAX: the config and the paths are checked before it loads
   if args.list_configs:
     for name, description in experiment.config_names(CONFIG_DIR).items():
       print(f"{name:<16} {description}")
     return None, None
-  from lpcjax.training import train
-
   config = _resolved_config(args)
   if args.print_config:
     print(experiment.to_json(config))
     return None, None
+  config.data.check_input_files()
+  run_folder = os.path.join(config.train.run_dir, config.train.run_name or "")
+  check_writable(run_folder, "choose a writable folder with train.run_dir=PATH")
+  from lpcjax.training import train
+
   hooks = experiment.experiment_hooks(args.config, config, CONFIG_DIR)  # the file's get_hooks(config), if any
   return train(config, resume=args.resume, resume_command=lambda run_name: resume_command(argv, run_name),
                hooks=hooks)

@@ -158,6 +158,9 @@ class SeriesDataConfig(DataConfig):
     require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
     require(0 < self.eval_fraction < 1, "data.eval_fraction", f"must be in (0, 1), got {self.eval_fraction}")
 
+  def input_files(self):
+    return [(f"data.{field}", path) for field in ("train_file", "eval_file") if (path := getattr(self, field))]
+
   def evaluation_data(self):
     if self.eval_file:
       return f"series file {self.eval_file}"

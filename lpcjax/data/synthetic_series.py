@@ -43,7 +43,6 @@ import math
 from typing import ClassVar
 
 import numpy as np
-from scipy.signal import lfilter
 
 from lpcjax.config import DataConfig, require
 
@@ -74,6 +73,8 @@ def fast_sines(rng, t):
 def ar2_resonance(rng, t, burn_in=100):
   """x_s = 2 r cos(2π f) x_{s-1} − r² x_{s-2} + e_s: noise band-passed around f (its own phase);
   the first ``burn_in`` samples are dropped so that the series starts stationary."""
+  from scipy.signal import lfilter  # here, not at the top: scipy.signal takes a second to import
+
   frequency, radius = rng.uniform(0.03, 0.045), 0.95
   noise = rng.normal(size=len(t) + burn_in)
   return lfilter([1.0], [1.0, -2 * radius * np.cos(2 * np.pi * frequency), radius**2], noise)[burn_in:]

@@ -58,6 +58,12 @@ class TextDataConfig(TokenWindowConfig):
   def evaluation_files(self):
     return self.eval_files or self.train_files
 
+  def input_files(self):
+    # (not the tokenizer file: its loader says more, and may read this install's copy of a
+    # shipped file that a run recorded in another)
+    return [*(("data.train_files", path) for path in self.train_files),
+            *(("data.eval_files", path) for path in self.eval_files)]
+
   def evaluation_data(self):
     if self.eval_files:
       return f"text {listed(self.eval_files)}"
@@ -83,6 +89,12 @@ class TokenFileConfig(TokenWindowConfig):
   @property
   def evaluation_tokens(self):
     return self.eval_tokens or self.train_tokens
+
+  missing_file_hint: ClassVar[str] = " (make it with python -m lpcjax.data)"
+
+  def input_files(self):
+    prefixes = [(field, getattr(self, field)) for field in ("train_tokens", "eval_tokens") if getattr(self, field)]
+    return [(f"data.{field}", f"{prefix}{suffix}") for field, prefix in prefixes for suffix in (".json", ".bin")]
 
   def evaluation_data(self):
     if self.eval_tokens:

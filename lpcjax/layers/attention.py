@@ -39,9 +39,6 @@ The layer reads an ``AttentionConfig`` (the family configs build one with
                                                use_rope=False, gate=GateConfig(num_heads=8)))
 """
 
-import dataclasses
-from typing import Optional
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -53,7 +50,8 @@ from lpcjax.sharding import attention_mesh_axes, shift_along_sequence
 from .attention_cache import (CACHE_AXES, constrained, init_layer_cache, init_window_cache, is_window_cache,
                               last_candidates, prefilled_cache)
 from .common import Projection, RMSNorm, dtype_of, normal_init
-from .forget_gate import ForgetGate, GateConfig
+from .configs import AttentionConfig  # noqa: F401  (re-exported: the layer's config)
+from .forget_gate import ForgetGate
 from .rope import apply_rope, segment_positions
 
 __all__ = ["CACHE_AXES", "HEADS", "AttentionConfig", "ForgettingAttention", "KVShift", "cached_attention",
@@ -61,60 +59,6 @@ __all__ = ["CACHE_AXES", "HEADS", "AttentionConfig", "ForgettingAttention", "KVS
            "window_chunk_attention"]
 
 HEADS = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionConfig:
-  """What ``ForgettingAttention`` and ``init_layer_cache`` read.
-
-  * Sizes: ``d_model`` (input and output width), ``num_heads``, ``head_dim``, and
-    ``num_kv_heads`` (None: ``num_heads``; fewer: grouped-query attention, it must divide
-    ``num_heads``).
-  * ``gate``: the forget gate (``GateConfig``, its num_heads = ``num_heads``), or None: no gate,
-    log f = 0, exactly causal softmax attention (the ``transformer`` family).
-  * ``use_rope``, ``rope_theta``: rotary embedding of q and k and its base.
-  * Pro parts (module docstring), each a switch: ``use_qk_norm`` (with ``qk_norm_shared_scale``:
-    one QK-norm scale for all heads), ``use_output_norm`` (eps ``norm_eps``),
-    ``use_output_gate``, ``use_kv_shift``.
-  * The op (``lpcjax.kernels.forgetting_attention``): ``window`` (sliding window; None: full
-    causal), ``impl`` (backend), ``prune_epsilon`` (None: exact), ``debug`` (value checks).
-  * ``init_std`` (std of every projection), ``dtype`` (compute) and ``param_dtype``, by name.
-  """
-
-  d_model: int
-  num_heads: int
-  head_dim: int
-  num_kv_heads: Optional[int] = None
-  gate: Optional[GateConfig] = None
-  use_rope: bool = True
-  rope_theta: float = 10000.0
-  use_qk_norm: bool = False
-  qk_norm_shared_scale: bool = True
-  use_output_norm: bool = False
-  use_output_gate: bool = False
-  use_kv_shift: bool = False
-  norm_eps: float = 1e-6
-  window: Optional[int] = None
-  impl: str = "auto"
-  prune_epsilon: Optional[float] = None
-  debug: bool = False
-  init_std: float = 0.02
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-
-  def __post_init__(self):
-    if self.kv_heads < 1 or self.num_heads % self.kv_heads:
-      raise ValueError(f"AttentionConfig: num_kv_heads={self.num_kv_heads} must be >= 1 and divide "
-                       f"num_heads={self.num_heads}")
-    if self.gate is not None and self.gate.num_heads != self.num_heads:
-      raise ValueError(f"AttentionConfig: gate.num_heads={self.gate.num_heads} != num_heads={self.num_heads}")
-    if self.use_rope and self.head_dim % 2:
-      raise ValueError(f"AttentionConfig: RoPE needs an even head_dim, got {self.head_dim}")
-
-  @property
-  def kv_heads(self):
-    """The key/value heads: ``num_kv_heads``, or ``num_heads`` when it is None."""
-    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
 
 class KVShift(nn.Module):

@@ -7,7 +7,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+from .configs import DTYPE_NAMES
+
+DTYPES = dict(zip(DTYPE_NAMES, (jnp.float32, jnp.bfloat16, jnp.float16)))
 
 
 def dtype_of(name):

@@ -5,7 +5,6 @@ The paper's equations were lost (the LPC-SM spec marks them NOT FOUND); every su
 config field below, with the default chosen and the reason beside it.
 """
 
-import dataclasses
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -13,39 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .common import bounded, bounded_init, constant_init
-
-
-@dataclasses.dataclass(frozen=True)
-class ControllerConfig:
-  """Fields read by ``SparseController``. Statistic, normalisation, temperature, threshold tie
-  and ratio bounds are NOT FOUND; these are the chosen forms."""
-
-  # ρ = r_min + (r_max − r_min) σ(φ): the paper's "learnable within prescribed bounds".
-  ratio_min: float = 0.05
-  ratio_max: float = 0.5  # at most every other token fires: the pathway stays sparse
-  ratio_init: float = 0.2
-  # False: the paper's Stage-B control. φ stays a parameter (so both arms load the same
-  # checkpoint) but gets no gradient: ρ is frozen at its init or restored value, and with
-  # ``score="learned"`` so is the firing rate (the standardised score fires at rate ≈ ρ).
-  learn_ratio: bool = True
-  # "learned" (issue #21): a learned score s_t = w · log(e_t² + eps) / ‖w‖ over the error's
-  # channels, standardised causally and fired where z_t > Φ⁻¹(1 − ρ). The standardisation
-  # removes the score's scale and offset, so nothing but ρ sets the firing rate (ρ is
-  # identifiable and starts as the rate) while w chooses which tokens fire.
-  # "affine" (the form before issue #21): r_t = log mean(e_t² + eps), standardised, then
-  # scale · z + bias − Φ⁻¹(1 − ρ) > 0. Its bias and ρ enter as one offset (the LM gradient on
-  # ρ is a fixed multiple of the bias's), and r has near-zero variance while ĥ ≈ 0.
-  score: str = "learned"
-  # The error is detached: the controller learns when to fire, the predictor is not rewarded
-  # for shaping its errors to open or close the gate.
-  stop_error_gradient: bool = True
-  eps: float = 1e-6
-  # No temperature: the forward mask is 1[u > 0] whatever τ is, so a temperature could only
-  # rescale the straight-through slope; the surrogate is σ(u) (slope 1/4 at the threshold).
-
-  def __post_init__(self):
-    if self.score not in ("learned", "affine"):
-      raise ValueError(f"score must be 'learned' or 'affine', got {self.score!r}")
+from .configs import ControllerConfig  # noqa: F401  (re-exported: the layer's config)
 
 
 def running_standardize(r, stats=None, eps=1e-6):

@@ -13,16 +13,13 @@ and T_max, so b_h = logit(exp(-1 / T_h)). (Zero init makes these variants fail: 
 halves every weight per token.)
 """
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .common import constant_init, normal_init
-
-GATE_VARIANTS = ("none", "data_dependent", "data_independent", "fixed")
+from .configs import GATE_VARIANTS, GateConfig  # noqa: F401  (re-exported: the layer's config)
 
 
 def geometric_timescales(num_heads, t_min, t_max):
@@ -36,36 +33,6 @@ def timescale_bias(timescales):
   """b with sigmoid(b) = exp(-1/T): b = -1/T - log(1 - exp(-1/T)), stable for large T."""
   inv = 1.0 / np.asarray(timescales, dtype=np.float64)
   return -inv - np.log(-np.expm1(-inv))
-
-
-@dataclasses.dataclass(frozen=True)
-class GateConfig:
-  """What ``ForgetGate`` reads.
-
-  * ``num_heads``: one gate per head.
-  * ``variant``: "data_dependent", "data_independent" or "fixed" (see the module docstring).
-  * ``t_min``, ``t_max``: the T(b) geometric bias init of the heads (data-independent and fixed
-    gates, and the data-dependent one with ``bias_init="timescale"``).
-  * ``bias_init``: the data-dependent gate's bias, "zero" (the paper's) or "timescale".
-  * ``init_std``: std of the data-dependent gate's weight w.
-
-  The family configs build it with ``gate_config()`` (``lpcjax.models.GateFields``).
-  """
-
-  num_heads: int
-  variant: str = "data_dependent"
-  t_min: float = 2.0
-  t_max: float = 128.0
-  bias_init: str = "zero"
-  init_std: float = 0.02
-
-  def __post_init__(self):
-    if self.variant not in GATE_VARIANTS[1:]:
-      raise ValueError(f"GateConfig.variant: must be one of {GATE_VARIANTS[1:]}, got {self.variant!r}")
-    if self.bias_init not in ("zero", "timescale"):
-      raise ValueError(f"GateConfig.bias_init: must be 'zero' or 'timescale', got {self.bias_init!r}")
-    if not 0 < self.t_min <= self.t_max:
-      raise ValueError(f"GateConfig: need 0 < t_min <= t_max, got ({self.t_min}, {self.t_max})")
 
 
 class ForgetGate(nn.Module):

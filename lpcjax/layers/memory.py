@@ -5,13 +5,12 @@ The paper's equations were lost (the LPC-SM spec marks them NOT FOUND); every su
 config field below, with the default chosen and the reason beside it.
 """
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from .common import Projection, constant_init, logit
+from .configs import MemoryConfig  # noqa: F401  (re-exported: the layer's config)
 from .ont import ONT, ONTConfig, ont_write
 
 
@@ -27,41 +26,6 @@ def linear_recurrence(decay, inputs, initial):
     return first[0] * second[0], second[0] * first[1] + second[1]
 
   return jax.lax.associative_scan(combine, (decay, inputs), axis=1)[1]
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryConfig:
-  """Fields read by ``DualTimescaleMemory``. All sizes and update rules are NOT FOUND."""
-
-  d_model: int = 64
-  memory_dim: int = 64  # m, width of the chunk summaries and of both states
-  chunk_size: int = 64  # tokens per chunk; the sequence length must be a multiple of it
-  slow: bool = True  # False: no slow memory (the "− slow memory" ablation)
-  ont: bool = True  # False: the slow state takes the plain write (the "− ONT" ablation)
-  # Per-channel decays a = σ(θ) ∈ (0, 1), learned. Fast: half-life ~1 chunk (short timescale);
-  # slow: 0.95, a memory of ~20 chunks, i.e. ~1k tokens at chunk 64 (the long timescale).
-  fast_decay_init: float = 0.5
-  slow_decay_init: float = 0.95
-  # How a chunk becomes its summary. "mean": the chunk's mean, so one token reaches the memory
-  # diluted by the chunk's other chunk_size - 1 (an identifier among distractors is lost:
-  # docs/mechanisms.md, delayed_id_near). "attention": softmax pooling with one learned query,
-  # zero at init, so the summary starts as the mean and can learn to single tokens out.
-  summary_pool: str = "attention"
-  # Whether each chunk shifts the decays by a learned function of its summary (zero at init:
-  # the per-channel decays above): a chunk that carries nothing new can leave the states as
-  # they were, one that does can write strongly. False: fixed per-channel decays.
-  selective_decay: bool = True
-  kappa_max: float = 4.0  # ONT gain bounds and init, see ONTConfig
-  kappa_init: float = 2.0
-  ont_eps: float = 1e-6
-  # The read projections start at zero, so the layer's reads start at 0 and a block adding them
-  # to its residual stream starts as if it had no memory (tests set it > 0 to see the reads).
-  read_init_std: float = 0.0
-  # The summary projection W_c's init. None: 1/√d_model (fan-in). The summary feeds the states,
-  # not the residual stream, so it keeps the scale of its input: with the residual streams'
-  # 0.02 the summaries started ~0.16 per channel and the decay shifts and reads they drive
-  # barely moved in 400 steps (docs/mechanisms.md, delayed_id_near).
-  init_std: float | None = None
 
 
 class DualTimescaleMemory(nn.Module):

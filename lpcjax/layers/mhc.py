@@ -5,7 +5,6 @@ The paper's equations were lost (the LPC-SM spec marks them NOT FOUND); every su
 config field below, with the default chosen and the reason beside it.
 """
 
-import dataclasses
 import math
 
 import flax.linen as nn
@@ -13,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .common import constant_init, logit, normal_init
+from .configs import MHCConfig  # noqa: F401  (re-exported: the layer's config)
 
 
 def sinkhorn(logits, iterations=20):
@@ -69,48 +69,6 @@ def spread_patterns(n):
   top = max(abs(a) for a in v)
   v = [a / top if top > 1e-9 else 0.0 for a in v]
   return u, v
-
-
-@dataclasses.dataclass(frozen=True)
-class MHCConfig:
-  """Fields read by ``MHC``. LPC-SM's stream count, iterations, static vs input-dependent mixing
-  and stream init are NOT FOUND; the defaults follow REFERENCE.md's mHC."""
-
-  num_streams: int = 4  # the mHC paper's n
-  d_model: int = 0  # width of one stream; needed (> 0) only by the dynamic coefficients
-  sinkhorn_iterations: int = 20  # the mHC default; converges to ~1e-6 from the identity init
-  # Diagonal logit of H_res at init (off-diagonal 0): each stream keeps e^6/(e^6 + n − 1) ≈ 0.99
-  # of itself, i.e. ≈ identity, while the off-diagonal gradient is not yet vanishing.
-  res_diag_init: float = 6.0
-  # True (REFERENCE.md's mHC): the coefficients are α · (RMS-normalised streams @ φ) + static
-  # bias, per token; α starts at 0, so the forward starts as the static form and α gets the
-  # gradient that switches the input dependence on. False: static learned coefficients only
-  # (the form before issue #21).
-  dynamic: bool = True
-  # φ ~ N(0, 1/(n d)): the projection of the unit-RMS flattened streams has unit scale, so α is
-  # in logit units.
-  dynamic_init_std: float | None = None  # None: 1/sqrt(n d)
-  # "sigmoid": H_pre = σ(·), REFERENCE.md's mHC (the weights need not sum to 1 once trained).
-  # "softmax": convex weights (the form before issue #21).
-  pre_activation: str = "sigmoid"
-  # Symmetry breaking. With copied streams and a symmetric init the forward and every gradient
-  # stay symmetric across streams forever (issue #21: mHC was a plain residual with one gain).
-  # Post-mix gains b_i = 1 + post_spread · u_i and pre-mix weights a_i = (1 + pre_spread · v_i)/n
-  # with u, v zero-mean and orthogonal (``spread_patterns``): Σ b / n = 1, Σ a = 1 and a ⊥ u.
-  # Every stream deviation then lies along u (the init H_res = a·I + c·11ᵀ keeps that pattern;
-  # ``expand_streams`` and ``collapse_streams`` take the same u and v), so every block input and
-  # the readout start exactly as in the plain residual model, while the streams differ and the
-  # pre-mix and transport get gradients at init. 0 and 0: the symmetric (inert) init.
-  post_spread: float = 0.5
-  pre_spread: float = 0.5
-
-  def __post_init__(self):
-    if self.pre_activation not in ("sigmoid", "softmax"):
-      raise ValueError(f"pre_activation must be 'sigmoid' or 'softmax', got {self.pre_activation!r}")
-    if self.dynamic and self.d_model < 1:
-      raise ValueError("dynamic mHC needs d_model (the width of one stream) >= 1")
-    if not 0.0 <= self.post_spread < 1.0 or not 0.0 <= self.pre_spread < 1.0:
-      raise ValueError("post_spread and pre_spread must lie in [0, 1) (gains and weights stay positive)")
 
 
 class MHC(nn.Module):

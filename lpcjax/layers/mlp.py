@@ -1,36 +1,10 @@
 """SwiGLU feed-forward block (LLaMA)."""
 
-import dataclasses
-import math
-
 import flax.linen as nn
 import jax
 
 from .common import dtype_of, normal_init
-
-
-def swiglu_hidden_size(d_model, ratio, multiple_of=256):
-  """hidden = multiple_of * ceil(int(d_model * ratio * 2/3) / multiple_of): the 2/3 keeps the
-  three SwiGLU matrices at the parameter count of a ratio-wide two-matrix MLP (FoX/LLaMA recipe).
-
-  The product is truncated to an integer before rounding up, as the official FoX code does, so
-  that imported models get its widths: a product less than 1 above a multiple stays at that
-  multiple (d = 110, ratio 3.5: 256.67 -> 256, where rounding up directly would give 512)."""
-  return multiple_of * math.ceil(int(d_model * ratio * 2 / 3) / multiple_of)
-
-
-@dataclasses.dataclass(frozen=True)
-class MLPConfig:
-  """What ``SwiGLU`` reads: ``d_model`` (input and output width), ``hidden`` (the width of
-  w_gate and w_up, e.g. ``swiglu_hidden_size(d_model, 4.0)``), ``init_std`` (std of every
-  kernel), ``dtype`` (compute) and ``param_dtype``, by name ("float32", "bfloat16", "float16").
-  The family configs build it with ``mlp_config()``."""
-
-  d_model: int
-  hidden: int
-  init_std: float = 0.02
-  dtype: str = "float32"
-  param_dtype: str = "float32"
+from .configs import MLPConfig, swiglu_hidden_size  # noqa: F401  (re-exported: the layer's config)
 
 
 class SwiGLU(nn.Module):

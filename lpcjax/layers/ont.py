@@ -5,12 +5,11 @@ The paper's equations were lost (the LPC-SM spec marks them NOT FOUND); every su
 config field below, with the default chosen and the reason beside it.
 """
 
-import dataclasses
-
 import flax.linen as nn
 import jax.numpy as jnp
 
 from .common import bounded, bounded_init, constant_init
+from .configs import ONTConfig  # noqa: F401  (re-exported: the layer's config)
 
 
 def ont_write(write, state, factor, eps=1e-6):
@@ -26,18 +25,6 @@ def ont_write(write, state, factor, eps=1e-6):
   norm2 = jnp.maximum(jnp.sum(state * state, axis=-1, keepdims=True), eps)
   parallel = dot / norm2 * state
   return parallel + factor * (write - parallel)
-
-
-@dataclasses.dataclass(frozen=True)
-class ONTConfig:
-  """Fields read by ``ONT``. The gain's value, bounds and whether it is learned are NOT FOUND."""
-
-  enabled: bool = True  # False: the plain write (the paper's "ONT disabled" ablation)
-  # κ = 1 + (κ_max − 1) σ(θ) ∈ [1, κ_max]: never shrinks novelty (κ ≥ 1 is the paper's
-  # "amplified") and cannot blow up the slow state. Learned, one scalar per layer.
-  kappa_max: float = 4.0
-  kappa_init: float = 2.0  # mid-range (σ(θ) = 1/3): room to move both ways, σ not saturated
-  eps: float = 1e-6
 
 
 class ONT(nn.Module):

@@ -45,7 +45,6 @@ Two execution modes compute the same function (tests check 1e-5):
   per step instead of O(O K).
 """
 
-import dataclasses
 import math
 
 import flax.linen as nn
@@ -54,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .common import RMSNorm, constant_init, normal_init
+from .configs import PMAConfig, num_windows  # noqa: F401  (PMAConfig: re-exported, the layer's config)
 from .rope import apply_rope
 
 NO_POSITION = -1  # rows that RoPE leaves alone (memory slots)
@@ -152,14 +152,6 @@ class OverlapAggregator(nn.Module):
 # ----------------------------------------------------------------------------- geometry
 
 
-def num_windows(num_tokens, window, stride):
-  """N = ⌊(K − W)/S⌋ + 1 windows of W tokens at stride S (the valid, non-padded ones)."""
-  if not 1 <= window <= num_tokens or not 1 <= stride <= window:
-    raise ValueError(f"PMA windows: need 1 <= stride <= window <= tokens, got window={window}, "
-                     f"stride={stride}, tokens={num_tokens}")
-  return (num_tokens - window) // stride + 1
-
-
 def max_copies(window, stride):
   """O = ⌈W/S⌉: the most windows a position can lie in."""
   return -(-window // stride)
@@ -190,37 +182,6 @@ def masked_mean(x, valid, axis):
 
 
 # ----------------------------------------------------------------------------- the block
-
-
-@dataclasses.dataclass(frozen=True)
-class PMAConfig:
-  """The fields a PMA block reads. Defaults follow the PMT spec §4–§6 (the first author's
-  later code where the paper's equations were lost)."""
-
-  d_model: int = 64
-  num_heads: int = 4
-  mlp_dim: int = 256
-  num_slots: int = 1  # n_m memory slots per window
-  memory: str = "progressive"  # "stateless": fresh states in every window, no carrier, no vertical reuse
-  state_attends_prev: bool = True  # write slots also attend the carrier
-  write_gate: bool = True  # False: the carrier is replaced by the candidate
-  carry_gate: bool = True  # False: fixed mix carry_mix * M̃ + (1 - carry_mix) * M_0
-  carry_mix: float = 0.5
-  carry_gate_logit: float = -0.5  # g0 = σ(-0.5) ≈ 0.38
-  # Init std of M_0. Unit scale, like the RMS-normalized memories it is mixed with: with a small
-  # M_0 (0.02), RMSNorm(M̃ + g (M_0 − M̃)) ≈ RMSNorm((1 − g) M̃) does not depend on g, and the
-  # reset/carry gate gets almost no gradient (37x less at init, tests/models/test_pmt_train.py).
-  base_state_std: float = 1.0
-  write_gate_bias: float = -2.0
-  write_gate_temperature: float = 2.0
-  read_gate_bias: float = -2.0
-  state_noise: float = 0.01  # N(0, σ²) on M_0 in training
-  aggregator_gamma: float = 1.0  # γ's init: NOT FOUND in the paper; 1 since the SkipGate already scales
-  skip_gate_logit: float = -0.5
-  rope_theta: float = 10000.0
-  dropout: float = 0.0
-  norm_eps: float = 1e-6
-  streaming: bool = False
 
 
 class PMABlock(nn.Module):

@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-TABLE_C = 2 ** 0.25 - 1
+from .configs import TABLE_C  # noqa: F401  (re-exported)
 
 
 def sith_peaks(num_filters, c=0.19, tau_min=1.0):

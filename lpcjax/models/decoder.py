@@ -14,7 +14,12 @@ from lpcjax.layers import ForgettingAttention, RMSNorm, SwiGLU, segment_position
 from lpcjax.layers.attention import init_layer_cache
 from lpcjax.layers.common import TokenEmbed, dtype_of, normal_init
 
-from .decoder_config import REMAT_POLICIES
+from .decoder_config import REMAT_POLICY_NAMES
+
+# model.remat_policy (decoder_config.REMAT_POLICY_NAMES) -> what nn.remat keeps for the backward
+REMAT_POLICIES = dict(zip(REMAT_POLICY_NAMES, (None, jax.checkpoint_policies.nothing_saveable,
+                                               jax.checkpoint_policies.checkpoint_dots,
+                                               jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)))
 
 EMBED = ("activation_batch", "activation_length", "activation_embed")
 

@@ -9,39 +9,34 @@ declares its own ``forget_gate`` default and the variants it allows.
 """
 
 import dataclasses
-from typing import Optional
-
-import jax
+from typing import ClassVar, Optional
 
 from lpcjax.config import ModelConfig, require, require_choice
-from lpcjax.kernels import unsupported
-from lpcjax.layers.common import DTYPES
-from lpcjax.layers.forget_gate import GateConfig
+from lpcjax.data.recall_tasks import TASK_KINDS
+from lpcjax.layers.configs import DTYPE_NAMES, GateConfig
 
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
+# The names of the blocks' remat policies (lpcjax.models.decoder maps them to JAX's).
+REMAT_POLICY_NAMES = ("none", "full", "dots", "dots_no_batch")
 
-
-def check_attention_impl(model, context_parallel=False):
-  """``model.attention_impl`` against the kernel backends' declared support (head dim, compute
-  dtype, window; with ``context_parallel``, the ring's pair kernels): a one-line ConfigError
-  when the config is built, not a traceback when the model is traced. Not the platform: a
-  config may be written on one machine for another. A model config that lacks one of the
-  decoder's fields (a language model of one's own) is checked on those it has."""
-  heads = getattr(model, "num_heads", None)
-  kv_heads = getattr(model, "resolved_kv_heads", heads)
-  problem = unsupported(model.attention_impl, head_dim=getattr(model, "resolved_head_dim", None),
-                        dtype=getattr(model, "dtype", None), window=getattr(model, "attention_window", None),
-                        context_parallel=context_parallel, kv_group=heads // kv_heads if heads else None)
-  require(problem is None, "model.attention_impl", problem)
+# What a language model reads: the generated recall tasks, text files and prepared token files.
+LM_DATA_KINDS = (*TASK_KINDS, "text", "tokens")
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig(ModelConfig):
+class LanguageModelConfig(ModelConfig):
+  """The base of a language model's config (no fields of its own): it reads tokens
+  (``LM_DATA_KINDS``), and its ``vocab_size``, where it has one, holds every token of its data."""
+
+  data_kinds: ClassVar[tuple] = LM_DATA_KINDS
+
+  def check_experiment(self, experiment):
+    vocab, data_vocab = getattr(self, "vocab_size", None), experiment.data.vocab_size
+    require(vocab is None or vocab >= data_vocab, "model.vocab_size",
+            f"{vocab} is smaller than the {experiment.data.kind} data's {data_vocab} tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig(LanguageModelConfig):
   """Sizes (``head_dim`` None: d_model // num_heads), the init std of every projection, the
   compute and parameter dtypes by name, and the remat policy of the scanned blocks."""
 
@@ -63,9 +58,9 @@ class DecoderConfig(ModelConfig):
               f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; set model.head_dim")
     else:
       require(self.head_dim >= 1, "model.head_dim", f"must be >= 1 or None, got {self.head_dim}")
-    require_choice(self.dtype, "model.dtype", set(DTYPES))
-    require_choice(self.param_dtype, "model.param_dtype", set(DTYPES))
-    require_choice(self.remat_policy, "model.remat_policy", set(REMAT_POLICIES))
+    require_choice(self.dtype, "model.dtype", set(DTYPE_NAMES))
+    require_choice(self.param_dtype, "model.param_dtype", set(DTYPE_NAMES))
+    require_choice(self.remat_policy, "model.remat_policy", set(REMAT_POLICY_NAMES))
 
   @property
   def resolved_head_dim(self):

@@ -1,9 +1,9 @@
-"""The family contract and the table of families: ``lpcjax.models.get("fox")``.
+"""The family contract (the table of families is ``lpcjax.models.table``).
 
 The family is the one place that knows what its model reads, how it is scored and evaluated,
 so that train.py and eval.py never branch on the family. ``Family`` is neutral: it names what
 every family must say and has no defaults that belong to one kind of model. The language
-models' defaults (token inputs, next-token loss, vocabulary check, the per-token evaluator)
+models' defaults (token inputs, next-token loss, the backend check, the per-token evaluator)
 are in ``lpcjax.models.language_model``; see docs/adding_a_family.md.
 """
 
@@ -12,9 +12,7 @@ from typing import Callable, Optional
 
 import jax
 
-from lpcjax.config import ConfigError, TrainConfig, family_name
-from lpcjax.evaluation.protocol import Evaluator
-from lpcjax.registry import Registry, caller_source
+from lpcjax.config import ConfigError, family_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +25,12 @@ class Family:
     new_mutable)``: see ``lpcjax.losses``.
   * ``example_inputs(data_config)``: the positional arguments of ``module.init`` (a batch of
     one, any pytree of any dtypes).
-  * ``data_kinds``: the ``data.kind`` values it reads; ``check(experiment_config)`` raises a
-    ConfigError on an impossible model/data pairing.
+  * ``check(experiment_config)``: raises a ConfigError on what only the family's code can
+    judge (whether its kernels' backends support the model); run when a run starts (train.py,
+    --compile-for, eval.py), after JAX loads. What the config alone decides (the data kinds it
+    reads, its train class, its pairing with the data) is on ``config_cls`` (``ModelConfig``:
+    ``data_kinds``, ``train_config_cls``, ``check_experiment``), checked before JAX loads;
+    ``data_kinds`` and ``train_config_cls`` are read through the family too.
   * ``evaluator()``: a factory of the object eval.py runs (``lpcjax.evaluation.Evaluator``).
   * ``mutable``: variable collections the model updates in training (e.g. ``("batch_stats",)``);
     they live in the TrainState and are sharded, checkpointed and restored like the params.
@@ -51,10 +53,6 @@ class Family:
     "context" axis (``train.mesh_context``): every op that mixes positions is either attention
     (context-parallel) or partitioned correctly by GSPMD without gathering the sequence. A
     recurrence along the sequence (a scan) is not, so such families say False.
-  * ``train_config_cls``: the class of the ``train`` section, ``TrainConfig`` or a subclass
-    adding the family's optimizer settings (parameter groups, per-parameter learning-rate
-    scales: ``TrainConfig.parameter_groups`` and ``lr_scale_rules``), so that the shared
-    ``TrainConfig`` holds nothing of one family.
   * ``upgrade_saved(values) -> values``: a config.json written by an older lpcjax (a dict with
     ``model``, ``data``, ``train``) brought to the current fields, so that old runs still load.
   * ``past_training_length``: what the family was measured to do on sequences longer than it
@@ -68,9 +66,8 @@ class Family:
   module_cls: type
   loss: Callable
   example_inputs: Callable
-  data_kinds: tuple
-  check: Callable
-  evaluator: Callable[[], Evaluator]
+  evaluator: Callable  # () -> an lpcjax.evaluation.Evaluator
+  check: Callable = lambda experiment_config: None
   mutable: tuple = ()
   rng_streams: tuple = ()
   throughput_unit: str = "examples"
@@ -81,7 +78,6 @@ class Family:
   no_decoding_reason: str = "its family registers no decoding cache"
   stop_rule: Optional[object] = None
   context_parallel: bool = False
-  train_config_cls: type = TrainConfig
   upgrade_saved: Callable[[dict], dict] = lambda values: values
   past_training_length: Optional[str] = None
 
@@ -90,6 +86,22 @@ class Family:
     if declared != self.name:
       raise ConfigError(f"family {self.name!r}: its config class {self.config_cls.__name__} names family "
                         f"{declared!r}; the class attribute family must be the registered name, {self.name!r}")
+    if not self.config_cls.data_kinds:
+      raise ConfigError(f"family {self.name!r}: its config class {self.config_cls.__name__} names no data kinds; "
+                        "give it data_kinds: ClassVar[tuple] = (KIND, ...), or subclass "
+                        "lpcjax.models.LanguageModelConfig (tokens: the recall tasks, text, token files)")
+
+  @property
+  def data_kinds(self):
+    """The ``data.kind`` values the family reads (its config class's)."""
+    return self.config_cls.data_kinds
+
+  @property
+  def train_config_cls(self):
+    """The class of the ``train`` section (its config class's): ``TrainConfig``, or a subclass
+    adding the family's optimizer settings (parameter groups, per-parameter learning-rate
+    scales), so that the shared ``TrainConfig`` holds nothing of one family."""
+    return self.config_cls.train_config_cls
 
   def build(self, config):
     if not isinstance(config, self.config_cls):
@@ -105,13 +117,3 @@ class Family:
     if getattr(config, "debug_checks", False):  # value checks belong to apply, not init
       model = model.clone(config=dataclasses.replace(config, debug_checks=False))
     return model.init(rngs, *self.example_inputs(data_config))
-
-
-_FAMILIES = Registry("model.family", "model family")
-get, names, source_of = _FAMILIES.get, _FAMILIES.names, _FAMILIES.source_of
-
-
-def register(family):
-  """Add ``family`` to the table, remembering the calling module: runs record it, so that a
-  fresh eval.py imports a family defined outside the package (``get(name, source)``)."""
-  return _FAMILIES.register(family.name, family, caller_source())

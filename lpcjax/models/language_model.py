@@ -1,20 +1,20 @@
-"""What the language-model families share: token inputs, next-token loss, the vocabulary check
-and the per-token evaluator. ``language_model_family(name, config_cls, module_cls, **fields)``
-is a ``Family`` with these defaults; any field can be given to replace one."""
+"""What the language-model families share: token inputs, next-token loss, the attention
+backend's check and the per-token evaluator (the data kinds and the vocabulary check are the
+config's: ``lpcjax.models.decoder_config``). ``language_model_family(name, config_cls,
+module_cls, **fields)`` is a ``Family`` with these defaults; any field can be given to replace
+one."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lpcjax.config import require
-from lpcjax.data import TASK_KINDS
 from lpcjax.evaluation.language_model import LanguageModelEvaluator
+from lpcjax.kernels import unsupported
 from lpcjax.losses import lm_loss
 
-from .decoder_config import DecoderConfig, check_attention_impl
+from .decoder_config import DecoderConfig
 from .family import Family
-
-LM_DATA_KINDS = (*TASK_KINDS, "text", "tokens")
 
 
 def token_inputs(data_config):
@@ -22,18 +22,24 @@ def token_inputs(data_config):
   return (jnp.zeros((1, data_config.seq_len), jnp.int32),)
 
 
-def check_vocab(config):
-  """A language model's vocabulary holds every token of its data."""
-  data_vocab = config.data.vocab_size
-  require(config.model.vocab_size >= data_vocab, "model.vocab_size",
-          f"{config.model.vocab_size} is smaller than the {config.data.kind} data's {data_vocab} tokens")
+def check_attention_impl(model, context_parallel=False):
+  """``model.attention_impl`` against the kernel backends' declared support (head dim, compute
+  dtype, window; with ``context_parallel``, the ring's pair kernels): a one-line ConfigError
+  when a run starts, not a traceback when the model is traced. Not the platform: a config may
+  be written on one machine for another. A model config that lacks one of the decoder's fields
+  (a language model of one's own) is checked on those it has. It needs the backends' table
+  (JAX), so it is the family's check, not the config's."""
+  heads = getattr(model, "num_heads", None)
+  kv_heads = getattr(model, "resolved_kv_heads", heads)
+  problem = unsupported(model.attention_impl, head_dim=getattr(model, "resolved_head_dim", None),
+                        dtype=getattr(model, "dtype", None), window=getattr(model, "attention_window", None),
+                        context_parallel=context_parallel, kv_group=heads // kv_heads if heads else None)
+  require(problem is None, "model.attention_impl", problem)
 
 
 def check_language_model(config):
-  """The vocabulary check, and where the model has an attention backend, whether it can run
-  with the sequence split over the mesh (``train.mesh_context``), which only the experiment
-  knows."""
-  check_vocab(config)
+  """Where the model has an attention backend: whether it supports the model, and whether it
+  can run with the sequence split over the mesh (``train.mesh_context``)."""
   if hasattr(config.model, "attention_impl"):
     check_attention_impl(config.model, context_parallel=config.train.mesh_context != 1)
 
@@ -66,7 +72,7 @@ def language_model_family(name, config_cls, module_cls, **fields):
   position of data.seq_len). A decoder (its config a ``DecoderConfig``) that counts tokens so
   gets the FLOPs per token of ``decoder_flops_per_token``; any other model gives its own
   ``flops_per_unit``, or none, and then MFU is not logged."""
-  defaults = dict(loss=lm_loss, example_inputs=token_inputs, data_kinds=LM_DATA_KINDS, check=check_language_model,
+  defaults = dict(loss=lm_loss, example_inputs=token_inputs, check=check_language_model,
                   evaluator=language_model_evaluator(), throughput_unit="tokens",
                   units_per_example=lambda config: config.data.seq_len)
   # sith counts the m predicted tokens of a longer window: its units are not the decoder's

@@ -41,9 +41,9 @@ from lpcjax.layers.mlp import SwiGLU
 from lpcjax.losses import masked_cross_entropy, scored_positions
 
 from .decoder import EMBED, lm_head, rematted, scanned_layers
-from .family import register
+from .table import register
 from .language_model import language_model_evaluator, language_model_family
-from .lpcsm_config import LPCSMConfig, LPCSMTrainConfig, check_lpcsm, upgrade_saved_lpcsm
+from .lpcsm_config import LPCSMConfig, LPCSMTrainConfig, upgrade_saved_lpcsm  # noqa: F401  (LPCSMTrainConfig: re-exported)
 
 
 def sinusoidal_positions(positions, d, scale):
@@ -283,10 +283,10 @@ class StopHeadRule:
     return rule["stop_when"], rule["end_token"]
 
 
-register(language_model_family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss, check=check_lpcsm,
+register(language_model_family("lpcsm", LPCSMConfig, LPCSM, loss=lpcsm_loss,
                                evaluator=language_model_evaluator(chunk_padded_logits),
                                init_cache=init_cache, prefill=prefill_by_steps, stop_rule=StopHeadRule(),
-                               train_config_cls=LPCSMTrainConfig, upgrade_saved=upgrade_saved_lpcsm,
+                               upgrade_saved=upgrade_saved_lpcsm,
                                past_training_length=(
                                    "its MQAR recall was the same at 2x and 4x the training length as at 1x "
                                    "(23 / 24 / 21 %, 3 seeds; docs/mechanisms.md)")))

@@ -1,5 +1,5 @@
 """The ``lpcsm`` family's settings: ``LPCSMConfig`` (every choice the paper's lost equations
-leave open is a field, with the reason beside it), its cross-section check, its train config and
+leave open is a field, with the reason beside it), its checks against the data, its train config and
 the upgrades of configs saved by older versions. The model is in ``lpcjax.models.lpcsm``.
 """
 
@@ -7,14 +7,16 @@ import dataclasses
 from typing import ClassVar
 
 from lpcjax.config import LRScaledTrainConfig, require, require_choice
-from lpcjax.layers.attention import AttentionConfig
-from lpcjax.layers.controller import ControllerConfig
-from lpcjax.layers.memory import MemoryConfig
-from lpcjax.layers.mhc import MHCConfig
-from lpcjax.layers.mlp import MLPConfig, swiglu_hidden_size
+from lpcjax.layers.configs import (AttentionConfig, ControllerConfig, MemoryConfig, MHCConfig, MLPConfig,
+                                  swiglu_hidden_size)
 
-from .decoder_config import DecoderConfig, GateFields, KVHeadFields, check_attention_impl
-from .language_model import check_vocab
+from .decoder_config import DecoderConfig, GateFields, KVHeadFields
+
+
+@dataclasses.dataclass(frozen=True)
+class LPCSMTrainConfig(LRScaledTrainConfig):
+  """The trainer's settings plus LPC-SM's per-parameter learning-rate scales (``lr_scales``):
+  the controller's learned sparse ratio must cross its range within a short stage."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +26,7 @@ class LPCSMConfig(GateFields, KVHeadFields, DecoderConfig):
   ratio control). Sizes and rules marked NOT FOUND in the LPC-SM spec are chosen here."""
 
   family: ClassVar[str] = "lpcsm"
+  train_config_cls: ClassVar[type] = LPCSMTrainConfig
 
   # Defaults: the 158M model (configs/lpcsm.py "paper"); the sizes, init and dtypes are
   # DecoderConfig's, as in the Transformer's config, so ``model.family=fox`` on an LPC-SM
@@ -131,7 +134,6 @@ class LPCSMConfig(GateFields, KVHeadFields, DecoderConfig):
     require(0 <= self.resolved_stop_token < self.vocab_size, "model.stop_token",
             f"{self.stop_token} is not a token of the {self.vocab_size}-token vocabulary")
     self.check_kv_heads()
-    check_attention_impl(self)
 
     require_choice(self.position_embedding, "model.position_embedding", {"sinusoidal", "none"})
     require_choice(self.summary_pool, "model.summary_pool", {"mean", "attention"})
@@ -142,6 +144,16 @@ class LPCSMConfig(GateFields, KVHeadFields, DecoderConfig):
     for name in ("mhc_post_spread", "mhc_pre_spread", "mhc_stream_spread"):
       require(0 <= getattr(self, name) < 1, f"model.{name}", "must be in [0, 1)")
     require(self.correction_init_std >= 0, "model.correction_init_std", "must be >= 0")
+
+  def check_experiment(self, experiment):
+    """The vocabulary, whole chunks per sequence, and no document restarts."""
+    super().check_experiment(experiment)
+    data = experiment.data
+    require(data.seq_len % self.chunk_size == 0, "data.seq_len",
+            f"{data.seq_len} must be a multiple of model.chunk_size={self.chunk_size} (the memories write whole "
+            "chunks)")
+    require(not getattr(data, "segment_ids", False), "data.segment_ids",
+            "lpcsm's chunked memories do not restart at document boundaries; set data.segment_ids=false")
 
   def describe(self):
     off = [name for name in ("mhc", "slow_memory", "predictive_coding", "ont", "stop_head") if not getattr(self, name)]
@@ -187,21 +199,6 @@ class LPCSMConfig(GateFields, KVHeadFields, DecoderConfig):
                      dynamic=self.mhc_dynamic, pre_activation=self.mhc_pre_activation,
                      post_spread=self.mhc_post_spread, pre_spread=self.mhc_pre_spread,
                      res_diag_init=self.mhc_res_diag_init)
-
-
-def check_lpcsm(config):
-  check_vocab(config)
-  data, model = config.data, config.model
-  require(data.seq_len % model.chunk_size == 0, "data.seq_len",
-          f"{data.seq_len} must be a multiple of model.chunk_size={model.chunk_size} (the memories write whole chunks)")
-  require(not getattr(data, "segment_ids", False), "data.segment_ids",
-          "lpcsm's chunked memories do not restart at document boundaries; set data.segment_ids=false")
-
-
-@dataclasses.dataclass(frozen=True)
-class LPCSMTrainConfig(LRScaledTrainConfig):
-  """The trainer's settings plus LPC-SM's per-parameter learning-rate scales (``lr_scales``):
-  the controller's learned sparse ratio must cross its range within a short stage."""
 
 
 def upgrade_saved_lpcsm(values):

@@ -11,65 +11,18 @@ positions. Windows are taken with stride m, so every token is predicted once, wi
 tokens of (compressed) history.
 """
 
-import dataclasses
-from typing import ClassVar
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lpcjax.config import require
 from lpcjax.decoding import prefill_by_steps
 from lpcjax.layers.common import TokenEmbed, dtype_of, normal_init
-from lpcjax.layers.sith import TABLE_C, SITHCompressor, sith_peaks
+from lpcjax.layers.sith import SITHCompressor
 
 from .decoder import rematted, scanned_layers
-from .decoder_config import DecoderConfig
-from .family import register
-from .language_model import check_vocab, language_model_evaluator, language_model_family
-
-
-@dataclasses.dataclass(frozen=True)
-class SITHConfig(DecoderConfig):
-  """GPT-2 small by default (12 x 768, 12 heads, MLP 3072, vocab 50304, no dropout).
-
-  ``scan_layers``: the blocks as one ``nn.scan`` (params under "layers", a leading layer axis),
-  with ``remat_policy``; False unrolls them as "h_0" ... (the layout of runs saved before the
-  scan existed: their config.json has no ``scan_layers`` key and loads with False)."""
-
-  family: ClassVar[str] = "sith"
-
-  vocab_size: int = 50304
-  mlp_dim: int = 3072
-  num_filters: int = 53  # L
-  k: float = 100.0
-  c: float = TABLE_C  # the paper's table of windows; it writes 0.19 (see lpcjax.layers.sith)
-  tau_min: float = 1.0
-  chunk_len: int = 256  # m: the uncompressed tokens, the only ones predicted
-  delta_pulse: bool = False  # the control: slots are the L preceding tokens, uncompressed
-  scan_layers: bool = True
-
-  def __post_init__(self):
-    super().__post_init__()
-    for name in ("mlp_dim", "num_filters", "chunk_len"):
-      require(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
-    require(self.k > 0, "model.k", "must be > 0")
-    require(self.c > 0, "model.c", "must be > 0")
-
-  def describe(self):
-    """A short label for plots and reports."""
-    return f"delta L={self.num_filters}" if self.delta_pulse else f"L={self.num_filters}, k={self.k:g}"
-
-  @property
-  def history_len(self):
-    """H: tokens before the chunk that the slots summarize."""
-    if self.delta_pulse:
-      return self.num_filters
-    return int(round(sith_peaks(self.num_filters, self.c, self.tau_min)[-1]))
-
-  @property
-  def window_len(self):
-    return self.history_len + self.chunk_len
+from .table import register
+from .language_model import language_model_evaluator, language_model_family
+from .sith_config import SITHConfig
 
 
 def slot_token_mask(num_slots, num_tokens):
@@ -254,20 +207,6 @@ def windowed_logits(model, params, inputs, segment_ids=None):
   return jnp.moveaxis(logits, 0, 1).reshape(batch, seq_len, -1)
 
 
-def check_sith(config):
-  """Text is cut into windows of exactly H + m tokens (stride m); a generated task's sequence may
-  be longer (the model reads its last H + m tokens; eval.py's windows then need a multiple of m)."""
-  check_vocab(config)
-  window, seq_len = config.model.window_len, config.data.seq_len
-  if config.data.is_text_stream:
-    require(seq_len == window, "data.seq_len",
-            f"the sith model reads windows of {window} tokens (H + m), got {seq_len}")
-  else:
-    require(seq_len >= window, "data.seq_len",
-            f"the sith model reads the last {window} tokens (H + m) of each sequence: needs seq_len >= {window}, "
-            f"got {seq_len}")
-
-
 # lm_loss scores the last m targets of each window, the positions the model predicts.
 # Throughput counts the m predicted tokens of each window, not the H history tokens read with them.
 def upgrade_saved_sith(values):
@@ -276,7 +215,7 @@ def upgrade_saved_sith(values):
   return {**values, "model": {"scan_layers": False, **values["model"]}}
 
 
-register(language_model_family("sith", SITHConfig, SITHLM, check=check_sith,
+register(language_model_family("sith", SITHConfig, SITHLM,
                                evaluator=language_model_evaluator(windowed_logits),
                                init_cache=init_cache, prefill=prefill_by_steps,
                                units_per_example=lambda config: config.model.chunk_len,

@@ -132,8 +132,9 @@ def check_context_parallel(family, config, mesh):
 
 def model_and_mesh(config, devices=None):
   """(family, model, mesh, sharding rules) of ``config`` over ``devices`` (default: this
-  process's view of all devices), after the family's and the mesh's context-parallel checks."""
-  family = models.get(config.model.family)
+  process's view of all devices), after the family's checks (its attention backend) and the
+  mesh's context-parallel checks."""
+  family = models.checked_family(config)
   check_context_family(family, config.train.mesh_context if config.train.mesh_context > 0 else 1)
   model = family.build(config.model)
   mesh = make_mesh(config.train, devices)

@@ -64,7 +64,7 @@ def _restore(run_dir, config, step, read):
   the latest), with the one-line errors of a missing checkpoint or step."""
   if not has_checkpoint(run_dir):
     raise RunError(f"{run_dir}: no checkpoint (has the run saved one?)")
-  family = models.get(config.model.family)
+  family = models.checked_family(config)
   model = family.build(config.model)
   checkpointer = Checkpointer(run_dir)
   try:

@@ -3,7 +3,7 @@ that is not the checkout holds an experiment file, the family module beside it a
 backend of one's own; train.py and eval.py run in fresh processes there, with no PYTHONPATH.
 
 The family (``tiny_lm``) is a language model that is not a decoder: one attention layer between
-an embedding and a head, its config a plain ``ModelConfig`` (no ``num_layers``), so the trainer
+an embedding and a head, its config a ``LanguageModelConfig`` (no ``num_layers``), so the trainer
 has no FLOPs estimate for it and says so once. Its attention runs a backend registered in
 ``tiny_backend.py`` (the blockwise XLA kernel under another name), which the run records so that
 a fresh eval.py imports it before checking ``model.attention_impl``."""
@@ -25,12 +25,11 @@ from typing import ClassVar
 import flax.linen as nn
 
 from lpcjax import models
-from lpcjax.config import ModelConfig
 from lpcjax.layers import AttentionConfig, ForgettingAttention, GateConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class TinyLMConfig(ModelConfig):
+class TinyLMConfig(models.LanguageModelConfig):
   family: ClassVar[str] = "tiny_lm"
 
   vocab_size: int = 64

@@ -27,9 +27,11 @@ def help_text(doc, checkout_command, console_script):
   """A command's ``--help`` text ``doc``, its examples written as ``checkout_command`` (``python
   train.py``) given as ``console_script`` (``lpcjax-train``) when that is how it was started, so
   that every example works from an installed wheel too."""
-  if os.path.basename(sys.argv[0] if sys.argv else "") == console_script:
-    return doc.replace(checkout_command, console_script)
-  return doc
+  if os.path.basename(sys.argv[0] if sys.argv else "") != console_script:
+    return doc
+  # only the example lines (indented, starting with the command): the first line names both
+  return "\n".join(line.replace(checkout_command, console_script, 1) if line.lstrip().startswith(checkout_command)
+                   and line.startswith("  ") else line for line in doc.split("\n"))
 
 
 _teardown_prints_noise = False

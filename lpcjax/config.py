@@ -98,10 +98,11 @@ class DataConfig:
     return f"the {self.kind} data's held-out split"
 
 
-def listed(names, most=3):
-  """Up to ``most`` names, then how many more: for a line that names files."""
+def listed(names, most=3, sep=", "):
+  """Up to ``most`` names joined by ``sep``, then how many more: for a line that names files
+  (``sep=","``: as an override writes them)."""
   more = f" (+{len(names) - most} more)" if len(names) > most else ""
-  return ", ".join(map(str, names[:most])) + more
+  return sep.join(map(str, names[:most])) + more
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,16 +14,18 @@ class FileSystemError(UserError, OSError):
   """A folder that cannot be created or written (permissions, a full disk, a file in its place)."""
 
 
-_REASONS = {errno.EACCES: "no permission to write there", errno.EPERM: "no permission to write there",
-            errno.EROFS: "a read-only file system", errno.ENOSPC: "no space left on the device",
-            errno.EDQUOT: "over the disk quota", errno.ENOTDIR: "a file stands where a folder is needed",
-            errno.EEXIST: "a file stands where a folder is needed"}
+# errno -> the words a one-line error gives (at start-up here, and for a checkpoint the disk
+# could not take in lpcjax.training.checkpoint)
+REASONS = {errno.EACCES: "no permission to write there", errno.EPERM: "no permission to write there",
+           errno.EROFS: "a read-only file system", errno.ENOSPC: "no space left on the device",
+           errno.EDQUOT: "over the disk quota", errno.ENOTDIR: "a file stands where a folder is needed",
+           errno.EEXIST: "a file stands where a folder is needed"}
 
 
 def filesystem_problem(error, path, way_out):
   """A FileSystemError of one line for ``error`` (an OSError met at ``path``), ending with
   ``way_out`` (e.g. "choose another folder with --out DIR")."""
-  reason = _REASONS.get(error.errno, error.strerror or type(error).__name__)
+  reason = REASONS.get(error.errno, error.strerror or type(error).__name__)
   return FileSystemError(f"cannot write {error.filename or path}: {reason}; {way_out}")
 
 

@@ -188,8 +188,14 @@ def test_collectives_are_read_from_the_compiled_program():
 
 
 def test_a_step_libtpu_refuses_for_its_memory_is_a_plan_that_does_not_fit():
-  from lpcjax.aot.plan import _OUT_OF_MEMORY
+  from lpcjax.aot.plan import GiB, refused_plan
   message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (19.08G) "
              "exceeds available HBM (15.75G). HLO module: jit_train_step.")
-  found = _OUT_OF_MEMORY.search(message)
-  assert (float(found[1]), float(found[2])) == (19.08, 15.75)
+  fixed = dict(target="v5e-16", devices=16, mesh={"data": 16}, overrides=(), params=2 * GiB, optimizer_state=4 * GiB,
+               batch=2**20)
+  plan = refused_plan(fixed, message)
+  assert (plan.total, plan.chip_memory) == (int(19.08 * GiB), int(15.75 * GiB)) and not plan.fits
+  assert plan.lines()[-1].startswith("total    does not fit: the compiler refused the step, 19.08 GiB against the "
+                                     "15.75 GiB it can use per device (")
+  assert plan.to_json()["fits"] is False and plan.to_json()["margin"] < 0
+  assert refused_plan(fixed, "INTERNAL: something else") is None

@@ -21,6 +21,7 @@ tensor parallelism), in that order, cheapest first, not guessed.
 
 import dataclasses
 import re
+import time
 
 import jax
 import numpy as np
@@ -154,12 +155,10 @@ def plan_step(config, target, overrides=()):
   try:
     compiled = compile_lowered(lowered)
   except jax.errors.JaxRuntimeError as error:  # libtpu refuses a program over the chip's memory
-    over = _OUT_OF_MEMORY.search(str(error))
-    if not over:
+    refused = refused_plan(fixed, str(error))
+    if refused is None:
       raise
-    return StepPlan(**fixed, chip_memory=int(float(over[2]) * GiB), arguments=0, outputs=0,
-                    temporaries=int(float(over[1]) * GiB), aliased=0, code=0, model_flops=0.0, compiler_flops=0.0,
-                    estimated_seconds=0.0, collectives={}, refused=over[0])
+    return refused
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
@@ -172,6 +171,18 @@ def plan_step(config, target, overrides=()):
       code=memory.generated_code_size_in_bytes, model_flops=float(model_flops),
       compiler_flops=float(cost.get("flops", 0.0)), estimated_seconds=float(cost.get("optimal_seconds", 0.0)),
       collectives=collectives(compiled.as_text()))
+
+
+def refused_plan(fixed, message):
+  """The StepPlan of a step the compiler refused for its memory (libtpu's ``message``: the
+  memory it needed and the memory it can use, which become the plan's figures), with the
+  ``fixed`` fields (target, devices, mesh, overrides, state sizes); None for another error."""
+  over = _OUT_OF_MEMORY.search(message)
+  if not over:
+    return None
+  return StepPlan(**fixed, chip_memory=int(float(over[2]) * GiB), arguments=0, outputs=0,
+                  temporaries=int(float(over[1]) * GiB), aliased=0, code=0, model_flops=0.0, compiler_flops=0.0,
+                  estimated_seconds=0.0, collectives={}, refused=over[0])
 
 
 def candidates(config, target):
@@ -221,7 +232,8 @@ def fitting_overrides(config, target, most=2):
 def compile_for(config, target, json_path=None, print_line=print):
   """``train.py --compile-for``: the plan's block, then for a step that does not fit one line
   with the compiled overrides that fit. Returns 0 (fits) or 1 (does not); ``json_path``: the
-  same as JSON."""
+  same as JSON, with the whole config as compiled and the command's wall time."""
+  start = time.perf_counter()
   plan = plan_step(config, target)
   for line in plan.lines():
     print_line(line)
@@ -240,6 +252,7 @@ def compile_for(config, target, json_path=None, print_line=print):
                  f"{len(candidates(config, target))} compiled candidates (FSDP, rematerialisation, accumulation, "
                  "context and tensor parallelism) fits: a larger target, or a smaller batch or model")
   if json_path:
-    write_json_atomic(json_path, report)
+    write_json_atomic(json_path, {**report, "config": experiment.to_dict(config),
+                                  "seconds": round(time.perf_counter() - start, 1)})
   return status
 

@@ -93,8 +93,11 @@ def _compile_for(args):
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the target's devices are compile-only: none is used here
   from lpcjax.aot.targets import parse_target  # standard library: a mistyped target is answered before JAX
   parse_target(args.compile_for)
+  config = _resolved_config(args)
+  if args.json:  # before minutes of compiling, not after
+    check_writable(os.path.dirname(os.path.abspath(args.json)), "choose another path with --json")
   from lpcjax.aot.plan import compile_for
-  return compile_for(_resolved_config(args), args.compile_for, args.json)
+  return compile_for(config, args.compile_for, args.json)
 
 
 def _train(args, argv):

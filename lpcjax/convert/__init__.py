@@ -131,7 +131,7 @@ def write_run(out, config, params, source, force=False, source_config=None):
       write_json_atomic(os.path.join(staging, SOURCE_CONFIG), source_config)
     checkpointer = Checkpointer(staging)
     try:
-      checkpointer.save(0, state)
+      checkpointer.save(0, state, config=experiment.to_dict(config))  # as the trainer's steps carry it
     finally:
       checkpointer.close()
 

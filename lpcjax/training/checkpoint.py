@@ -10,6 +10,7 @@ step that exists, so a failed or interrupted run never replaces a good checkpoin
 
 import asyncio
 import contextlib
+import errno
 import glob
 import json
 import logging
@@ -26,6 +27,7 @@ from etils import epath
 
 from lpcjax import cli
 from lpcjax.errors import UserError
+from lpcjax.files import REASONS
 
 
 def checkpoint_dir(run_dir):
@@ -100,19 +102,25 @@ class CheckpointWriteError(UserError, OSError):
 
 
 # What TensorStore says (through Orbax's threads) when a write fails for a reason the user can
-# fix: the disk or quota is full, the folder became read-only or unwritable.
-_WRITE_FAILURES = (("No space left on device", "the disk is full"), ("Disk quota exceeded", "over the disk quota"),
-                   ("Read-only file system", "the file system is read-only"),
-                   ("Permission denied", "no permission to write there"))
+# fix, as the errno whose words files.py gives at start-up: the disk or quota is full, the
+# folder became read-only or unwritable.
+_WRITE_FAILURES = tuple((needle, REASONS[number]) for needle, number in (
+    ("No space left on device", errno.ENOSPC), ("Disk quota exceeded", errno.EDQUOT),
+    ("Read-only file system", errno.EROFS), ("Permission denied", errno.EACCES)))
 
 
-def _write_failure(error):
-  """The reason a save failed, in words, or None for any other error (a bug keeps its traceback)."""
+def _causes(error):
+  """``error`` and the errors it was raised from or during, outermost first."""
   seen = []
   while error is not None and error not in seen:
     seen.append(error)
     error = error.__cause__ or error.__context__
-  text = " ".join(str(cause) for cause in seen)
+  return seen
+
+
+def _write_failure(error):
+  """The reason a save failed, in words, or None for any other error (a bug keeps its traceback)."""
+  text = " ".join(str(cause) for cause in _causes(error))
   return next((reason for needle, reason in _WRITE_FAILURES if needle in text), None)
 
 
@@ -137,11 +145,7 @@ def _damage(error):
   """A short account of a restore that failed on unreadable files, or None for another error.
   The cause chain is searched for TensorStore's own line (``Error reading "params.x/0.0" in
   OCDBT database at ...: Truncated Zstd-compressed stream; ...``): the array and the reason."""
-  seen = []
-  while error is not None and error not in seen:
-    seen.append(error)
-    error = error.__cause__ or error.__context__
-  for cause in seen:
+  for cause in _causes(error):
     text = str(cause)
     reading = re.search(r'Error reading "([^"/]+)[^"]*"[^:]*: ([^;\n]+)', text)
     if reading:  # the reason, without TensorStore's spec that may follow it

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
 from lpcjax import experiment, models
+from lpcjax.config import listed
 from lpcjax.data import make_dataset, make_iterator
 from lpcjax.files import write_json_atomic
 from lpcjax.kernels import platform_problem
@@ -205,10 +206,10 @@ def start_block(config, num_params, mesh, run_dir, start, resume_command=None):
   kinds = ", ".join(sorted({device.device_kind for device in devices}))
   processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
   # the kind's sources (files, token file prefix): what a field naming files or tokens holds
-  listed = lambda value: (",".join(map(str, value[:3])) + (f" (+{len(value) - 3} more)" if len(value) > 3 else "")
-                          if isinstance(value, tuple) else value)
-  sources = [f"{f.name}={listed(value)}" for f in dataclasses.fields(data) if ("file" in f.name or "tokens" in f.name)
-             and (value := getattr(data, f.name)) and not isinstance(value, bool)]
+  shown = lambda value: listed(value, sep=",") if isinstance(value, tuple) else value
+  sources = [f"{f.name}={shown(value)}" for f in dataclasses.fields(data)
+             if ("file" in f.name or "tokens" in f.name) and (value := getattr(data, f.name))
+             and not isinstance(value, bool)]
   length = f" x {data.seq_len}" if data.seq_len else " (length from the data)"
   name = os.path.basename(os.path.normpath(run_dir))
   resume = resume_command(name) if resume_command else f"train(config, resume=True) with train.run_name={name!r}"

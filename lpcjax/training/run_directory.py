@@ -220,6 +220,8 @@ def _hold(run_dir, lock):
         lock.acquire()
       except UserError as problem:
         error = problem
+      except OSError as problem:  # writing its name into the lock file: a full disk, say
+        error = filesystem_problem(problem, run_dir, "choose a writable folder with train.run_dir=PATH")
   if jax.process_count() > 1:
     failed = multihost_utils.broadcast_one_to_all(np.int32(error is not None))
     if failed and error is None:

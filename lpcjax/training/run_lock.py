@@ -127,10 +127,23 @@ class RunLock:
       return False
 
   def _take_if_stale(self):
-    holder = _read_file(self.path)
-    if _alive_here(holder) is not False:
-      raise self._locked(holder, can_check=_alive_here(holder) is not None)
-    os.unlink(self.path)  # a process of this host that is gone: its lock is stale
+    """Without flock: remove the file of a trainer of this host that is gone, then take it. Its
+    holder is read through one descriptor, and the file is removed only if it is still that one
+    (another trainer may have taken it over meanwhile); a race remains between that check and
+    the removal, which only flock closes (docs/training.md)."""
+    try:
+      fd = os.open(self.path, os.O_RDONLY)
+    except FileNotFoundError:  # its holder ended, or another trainer is taking it over, meanwhile
+      raise self._locked(None) from None
+    try:
+      holder = _read(fd)
+      if _alive_here(holder) is not False:
+        raise self._locked(holder, can_check=_alive_here(holder) is not None)
+      if not self._same_file(fd):
+        raise self._locked(_read_file(self.path))
+      os.unlink(self.path)  # a process of this host that is gone: its lock is stale
+    finally:
+      os.close(fd)
     fd, created = self._open()
     if not created:  # another trainer took it between the two calls
       os.close(fd)
@@ -140,8 +153,12 @@ class RunLock:
   def _hold(self, fd, taken_over):
     self.fd, self.taken_over = fd, taken_over
     text = json.dumps(_holder()).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, text, 0)
+    try:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, text, 0)
+    except OSError:  # a full disk, say: let go, and the caller says why in one line
+      self.release()
+      raise
     return self
 
   def _locked(self, holder, can_check=True):

@@ -87,7 +87,7 @@ def test_without_flock_the_file_is_the_lock(tmp_path, monkeypatch):
     RunLock(str(tmp_path)).acquire()
 
 
-def test_a_second_trainer_exits_2_with_one_line_and_changes_nothing(tmp_path):
+def test_a_second_trainer_exits_2_with_one_line_and_changes_nothing(tmp_path, monkeypatch):
   """A trainer holds the run (this test's process, as a running train.py would): another
   train.py on it, new or resumed, stops before it writes; train() in-process says the same."""
   arguments = tiny_arguments(tmp_path, "train.steps=2", "train.warmup_steps=0", "train.eval_batches=1", name="held")
@@ -107,13 +107,27 @@ def test_a_second_trainer_exits_2_with_one_line_and_changes_nothing(tmp_path):
     assert snapshot(run_dir) == before
     from lpcjax.runs import load_run
     assert load_run(str(run_dir)).step == 2  # readers (eval.py, generate) never wait for the lock
-    fresh = tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=0", name="fresh")
-    os.makedirs(tmp_path / "fresh")
-    with RunLock(str(tmp_path / "fresh")) as other:
-      other.acquire()
-      with pytest.raises(RunLockedError):
-        train(fresh, progress=False)
-    assert os.listdir(tmp_path / "fresh") == []  # the folder was not this call's to remove
+  # Two trainers start a new run at once: both find no folder, this one makes it, and the other
+  # holds it before this one's lock (its acquire fails): the folder is the other's, kept.
+  def held_by_another(lock):
+    raise RunLockedError(f"{lock.run_dir} is being trained by another process")
+
+  monkeypatch.setattr(RunLock, "acquire", held_by_another)
+  with pytest.raises(RunLockedError):
+    train(tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=0", name="fresh"), progress=False)
+  assert os.path.isdir(tmp_path / "fresh")  # made by this call, but not its to remove
+
+
+def test_a_lock_the_disk_cannot_take_is_one_line(tmp_path, monkeypatch):
+  """Writing the holder's name into train.lock fails (a full disk): one line naming the reason,
+  and no lock file left behind."""
+  def full(fd, data, offset):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "pwrite", full)
+  with pytest.raises(FileSystemError, match=r"no space left on the device; choose a writable folder"):
+    train(tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=0", name="full"), progress=False)
+  assert not os.path.exists(tmp_path / "full" / LOCK_FILE)
 
 
 def test_a_run_directory_that_cannot_be_written_is_one_line_before_any_compute(tmp_path):
@@ -221,9 +235,9 @@ def test_a_disk_that_fills_during_a_checkpoint_keeps_the_steps_before_it(tmp_pat
     lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("fox_tiny_mqar step")]
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1, result.stderr
-    found = re.fullmatch(rf"error: checkpoint step (\d+) could not be written to {mount}/r/checkpoints \(the disk is "
-                         r"full\); its partial folder was removed and the steps before it stay whole \(([\d, ]+)\): "
-                         r"make room, then resume the run \(--resume\)", lines[0])
+    found = re.fullmatch(rf"error: checkpoint step (\d+) could not be written to {mount}/r/checkpoints \(no space "
+                         r"left on the device\); its partial folder was removed and the steps before it stay whole "
+                         r"\(([\d, ]+)\): make room, then resume the run \(--resume\)", lines[0])
     assert found, lines[0]
     whole = found[2].split(", ")
     assert sorted(os.listdir(mount / "r" / "checkpoints"), key=int) == whole and int(whole[-1]) < int(found[1])

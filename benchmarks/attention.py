@@ -98,7 +98,8 @@ CANDIDATES = {
     "pallas_tpu": (lpcjax_candidate("pallas_tpu"), "tpu"),
     "triton": (lpcjax_candidate("triton"), "gpu"),  # jax-triton (the [triton] extra)
     "triton_pruned": (lpcjax_candidate("triton", DEFAULT_EPSILON), "gpu"),
-    "mosaic_gpu": (lpcjax_candidate("mosaic_gpu"), "gpu"),  # Hopper, jax >= 0.11
+    "mosaic_gpu": (lpcjax_candidate("mosaic_gpu"), "gpu"),  # Hopper, jax >= 0.11 (version 2)
+    "mosaic_gpu_v1": (lpcjax_candidate("mosaic_gpu_v1"), "gpu"),  # version 1, kept to compare
     "xla": (lpcjax_candidate("xla"), None),
     "xla_pruned": (lpcjax_candidate("xla", DEFAULT_EPSILON), None),
     "auto": (lpcjax_candidate("auto"), None),

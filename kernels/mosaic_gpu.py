@@ -17,10 +17,17 @@ windows (masked, and the sweeps start and end where the band does), grouped-quer
 (the kernels pick K/V head h // G; dK/dV are written per query head and summed per group).
 
 Pruning (``prune_epsilon``): a tile whose decay bounds its weight below the threshold
-(pruning.py, on the high parts of c) is skipped by a ``lax.cond`` around its two matmuls; the
-three kernels run the same 64 x 64 tiles, so the backward skips the forward's tiles. Not yet: the
-context-parallel ring (no pair kernels), float32 inputs (wgmma has no full-precision float32),
-head dims other than 64 and 128. On one device the kernels read heads-major copies
+(pruning.py, on the high parts of c) is skipped: in the forward by a ``lax.cond`` around its two
+matmuls, in the backward sweeps (version 2) by their bounds; the three kernels run the same
+64 x 64 tiles, so the backward skips the forward's tiles.
+
+Two versions from this one source (``Version``): ``impl="mosaic_gpu"`` is version 2 (interior
+tiles skip the masks; pruning moves the backward's bounds), ``impl="mosaic_gpu_v1"`` version 1,
+kept by name to compare until a GPU times both (benchmarks/mosaic_gpu_static.py compares their
+compiled code now).
+
+Not yet: the context-parallel ring (no pair kernels), float32 inputs (wgmma has no
+full-precision float32), head dims other than 64 and 128. On one device the kernels read heads-major copies
 [B*H, T, D] of q, k, v, dO (TMA tiles are 2-D boxes of one head): the transposes cost HBM
 traffic that a 4-D tensor map would avoid.
 
@@ -28,6 +35,9 @@ Tested on CPU in JAX's Mosaic GPU interpreter (``interpret=True``: jax >= 0.11.2
 ``InterpretGPUParams``; ``DETECT_RACES`` turns on its race detector), which simulates SMEM,
 TMA, barriers and wgmma but not their layouts or timing; what it cannot show is in the docs.
 """
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +63,31 @@ TILES = BlockSizes(block_q=WG_ROWS * COMPUTE_WGS, block_k=64, block_q_dkv=64, bl
                    block_q_dq=64, block_k_dq=64)
 STAGES = 2  # SMEM stages of the K/V ring
 DETECT_RACES = False  # the interpreter's race detector (tests turn it on)
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+  """What the kernels' versions do differently, from one source (docs/kernels_mosaic_gpu.md).
+
+  * ``unmasked_interior``: a tile every pair of which is visible (below the diagonal, inside the
+    window, one segment: a test of its corners) skips the masks' iotas, compares and selects, in
+    the forward, the dQ and the row-term kernels (not yet dK/dV: see ``_key_sweep_call``).
+  * ``heavy_first``: the query blocks with the most key blocks (the last, under the causal mask)
+    are launched first, so that the short ones fill the last wave (forward, dQ, row term; the
+    dK/dV kernel's key blocks already come heaviest first).
+  * ``pruned_bounds``: pruning moves the backward sweeps' bounds (the pruned tiles of a block
+    are a prefix of its key blocks and a suffix of its query blocks, c being monotone) instead of
+    testing each tile inside the loop, so a pruned tile costs no copy and no pipeline step.
+  """
+
+  name: str
+  unmasked_interior: bool
+  heavy_first: bool
+  pruned_bounds: bool
+
+
+V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False)  # to compare
+V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True)
 
 
 def available():
@@ -136,28 +171,53 @@ def _across(x, shape, axis):
 
 class _Positions:
   """One side of a tile (its rows, ``axis`` 0, or columns, 1): first position and the SMEM
-  vectors of c's two parts and the segment ids."""
+  vectors of c's two parts and the segment ids (and the refs, for scalar reads of its ends)."""
 
   def __init__(self, start, hi, lo, seg, axis):
-    self.start, self.axis, self.hi_ref = start, axis, hi
+    self.start, self.axis, self.hi_ref, self.seg_ref, self.size = start, axis, hi, seg, hi.shape[0]
     self.hi, self.lo, self.seg = _rows(hi, axis), _rows(lo, axis), _rows(seg, axis)
 
 
-def _logits2(scores, queries, keys, scale2, window):
-  """Base-2 logits of a tile, -inf where masked: (scale q.k + c_i - c_j) log2 e, c_i - c_j from
-  the two parts (decay.py), causal, same segment, inside the window."""
+def _interior(queries, keys, window):
+  """Whether every (query, key) pair of the tile is visible: its last key at or before its first
+  query, its last query within the window of its first key, and one segment. Segment ids rise
+  along the sequence (checks.prepare_segments' cumulative sum) but for the padding's 0 after the
+  last position, so equal ids at the four ends of the two sides mean one segment: four scalar
+  reads of SMEM."""
+  interior = keys.start + keys.size - 1 <= queries.start
+  if window is not None:
+    interior &= queries.start + queries.size - 1 - keys.start < window
+  ends = [ref[index] for ref in (queries.seg_ref, keys.seg_ref) for index in (0, ref.shape[0] - 1)]
+  return interior & (ends[0] == ends[1]) & (ends[1] == ends[2]) & (ends[2] == ends[3])
+
+
+def _decayed_logits2(scores, queries, keys, scale2):
+  """Base-2 logits of a tile before the masks: (scale q.k + c_i - c_j) log2 e, c_i - c_j from the
+  two parts (decay.py)."""
   shape = scores.shape
-  q_of = lambda x: _across(x, shape, queries.axis)
-  k_of = lambda x: _across(x, shape, keys.axis)
-  decay = (q_of(queries.hi) - k_of(keys.hi)) + (q_of(queries.lo) - k_of(keys.lo))
-  s = scores * scale2 + decay * LOG2_E
-  layout = plgpu.Layout.WGMMA
+  decay = ((_across(queries.hi, shape, queries.axis) - _across(keys.hi, shape, keys.axis))
+           + (_across(queries.lo, shape, queries.axis) - _across(keys.lo, shape, keys.axis)))
+  return scores * scale2 + decay * LOG2_E
+
+
+def _masked(s, queries, keys, window):
+  """``s`` with -inf where the pair is not visible: causal, same segment, inside the window."""
+  shape, layout = s.shape, plgpu.Layout.WGMMA
   i = plgpu.broadcasted_iota(jnp.int32, shape, queries.axis, layout=layout) + queries.start
   j = plgpu.broadcasted_iota(jnp.int32, shape, keys.axis, layout=layout) + keys.start
-  visible = (i >= j) & (q_of(queries.seg) == k_of(keys.seg))
+  visible = (i >= j) & (_across(queries.seg, shape, queries.axis) == _across(keys.seg, shape, keys.axis))
   if window is not None:
     visible &= i - j < window
   return jnp.where(visible, s, -jnp.inf)
+
+
+def _logits2(scores, queries, keys, scale2, window, masks_only_where_needed=False):
+  """Base-2 logits of a tile, -inf where masked. With ``masks_only_where_needed`` an interior
+  tile (``_interior``) skips the masks."""
+  s = _decayed_logits2(scores, queries, keys, scale2)
+  if not masks_only_where_needed:
+    return _masked(s, queries, keys, window)
+  return lax.cond(_interior(queries, keys, window), lambda s: s, lambda s: _masked(s, queries, keys, window), s)
 
 
 def _prunable(queries, keys, thr):
@@ -175,6 +235,12 @@ def _unless_pruned(prune, queries, keys, thr, update, carry):
   if not prune:
     return update(carry)
   return lax.cond(_prunable(queries, keys, thr), lambda carry: carry, update, carry)
+
+
+def _launch_order(index, count, version):
+  """The query block that grid point ``index`` (of ``count``) computes: the last first with
+  ``version.heavy_first`` (a causal row block's work grows with its position)."""
+  return count - 1 - index if version.heavy_first else index
 
 
 def _key_range(first_row, rows, block, window):
@@ -209,16 +275,19 @@ def _kv_head(bh, heads, group):
 # ----------------------------------------------------------------------------- forward
 
 
-def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window, prune, interpret):
+def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window, prune, interpret, version,
+                  bounds=None):
   """o [BH, T, D] and base-2 lse [BH, T] from heads-major q [BH, T, D], k, v [BH/G, T, D] and
   the per-position vectors [BH, T]."""
+  del bounds  # the forward tests each tile: its warpgroups share one key sweep (docs/kernels_mosaic_gpu.md)
   bh_count, seq_len, head_dim = q.shape
   bq, bk = WG_ROWS, TILES.block_k
   tile, p_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
 
   def body(q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, o_ref, lse_ref,
            q_s, o_s, p_s, rows_s, lse_s, q_bar):
-    bh, block, wg = lax.axis_index("bh"), lax.axis_index("q"), lax.axis_index("wg")
+    bh, wg = lax.axis_index("bh"), lax.axis_index("wg")
+    block = _launch_order(lax.axis_index("q"), seq_len // (COMPUTE_WGS * bq), version)
     cta_first = block * (COMPUTE_WGS * bq)
     first, end = _key_range(cta_first, COMPUTE_WGS * bq, bk, window)
 
@@ -248,7 +317,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
 
       def tile_update(carry):
         acc, m, l = carry
-        s = _logits2(_matmul(q_s.at[wg], k_s.T, (bq, bk)), queries, keys, scale2, window)
+        s = _logits2(_matmul(q_s.at[wg], k_s.T, (bq, bk)), queries, keys, scale2, window, version.unmasked_interior)
         m_new = jnp.maximum(m, s.max(axis=1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with no key seen yet stay at zero
         p = jnp.exp2(s - _across(m_safe, s.shape, 0))
@@ -291,32 +360,39 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
 
 
 def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
-                      prune, interpret, row_term):
+                      prune, interpret, row_term, version, bounds=None):
   """Per query block of 64 rows, over its key blocks: dq [BH, T, D] (times ``sm_scale``), or
-  with ``row_term`` delta_i = sum_j P_ij dP_ij [BH, T] (``delta`` is then unused)."""
+  with ``row_term`` delta_i = sum_j P_ij dP_ij [BH, T] (``delta`` is then unused). With
+  ``bounds`` (``_prune_bounds``), the sweep starts at the block's first unpruned key block."""
   bh_count, seq_len, head_dim = q.shape
   bq, bk = TILES.block_q_dq, TILES.block_k_dq
   tile, ds_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
+  starts = () if bounds is None else (bounds[0],)
+  inputs = (q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *starts)
 
-  def body(q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, out_ref,
-           q_s, do_s, rows_s, ds_s, out_s, bar):
-    bh, block = lax.axis_index("bh"), lax.axis_index("q")
+  def body(*refs):
+    q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref = refs[:10]
+    vector_refs = (hi_ref, lo_ref, seg_ref, lse_ref, delta_ref, thr_ref, *refs[10:len(inputs)])
+    out_ref, q_s, do_s, rows_s, ds_s, out_s, bar = refs[len(inputs):]
+    bh, block = lax.axis_index("bh"), _launch_order(lax.axis_index("q"), seq_len // bq, version)
     row0 = block * bq
     rows = pl.ds(row0, bq)
     plgpu.copy_gmem_to_smem(q_ref.at[bh, rows], q_s, bar)
     plgpu.copy_gmem_to_smem(do_ref.at[bh, rows], do_s, bar)
-    for i, ref in enumerate((hi_ref, lo_ref, seg_ref, lse_ref, delta_ref, thr_ref)):
+    for i, ref in enumerate(vector_refs):
       plgpu.copy_gmem_to_smem(ref.at[bh, rows], rows_s.at[i], bar)
     plgpu.barrier_wait(bar)
     queries = _Positions(row0, rows_s.at[0], rows_s.at[1], rows_s.at[2], axis=0)
     lse2, delta_rows = _rows(rows_s.at[3], 0), _rows(rows_s.at[4], 0)
     first, end = _key_range(row0, bq, bk, window)
+    if starts:  # the pruned key blocks, a prefix: skipped by the bounds, not read
+      first = jnp.maximum(first, rows_s.at[6][0].astype(jnp.int32))
 
     def step(index, k_s, v_s, k_hi, k_lo, k_seg, carry):
       keys = _Positions((index[0] + first) * bk, k_hi, k_lo, k_seg, axis=1)
 
       def tile_update(carry):
-        s = _logits2(_matmul(q_s, k_s.T, (bq, bk)), queries, keys, scale2, window)
+        s = _logits2(_matmul(q_s, k_s.T, (bq, bk)), queries, keys, scale2, window, version.unmasked_interior)
         p = jnp.exp2(s - _across(lse2, s.shape, 0))
         dp = _matmul(do_s, v_s.T, (bq, bk))
         if row_term:
@@ -326,6 +402,8 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
         plgpu.commit_smem()
         return carry + _matmul(ds_s, k_s, (bq, head_dim))
 
+      if starts:
+        return tile_update(carry)
       # the forward's tiles: the same skips
       return _unless_pruned(prune, queries, keys, rows_s.at[5][0], tile_update, carry)
 
@@ -343,46 +421,58 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
   out = (jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32) if row_term
          else jax.ShapeDtypeStruct(q.shape, q.dtype))
   out_smem = plgpu.SMEM((bq,), jnp.float32) if row_term else plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile)
+  vectors = 6 + len(starts)
   return plgpu.kernel(
       _named(body, "row_term" if row_term else "dq"), out_type=out,
       scratch_types=[plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # q
                      plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # dO
-                     plgpu.SMEM((6, bq), jnp.float32),  # the rows' c hi, c lo, ids, lse, delta, threshold
+                     # the rows' c hi, c lo, ids, lse, delta, threshold (and first key block)
+                     plgpu.SMEM((vectors, bq), jnp.float32),
                      plgpu.SMEM((bq, bk), q.dtype, transforms=ds_tile),  # dS
-                     out_smem, plgpu.Barrier(num_arrivals=8)],
+                     out_smem, plgpu.Barrier(num_arrivals=2 + vectors)],
       grid=(bh_count, seq_len // bq), grid_names=("bh", "q"), interpret=interpret,
-  )(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta)
+  )(*inputs)
 
 
 def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
-                    prune, interpret, share_dtype):
+                    prune, interpret, share_dtype, version, bounds=None):
   """Per key block of 64 keys and query head, over the query blocks that see it: that head's
-  shares of dK (times ``sm_scale``) and dV [BH, T, D] in ``share_dtype``, and dc [BH, T]."""
+  shares of dK (times ``sm_scale``) and dV [BH, T, D] in ``share_dtype``, and dc [BH, T]. With
+  ``bounds`` (``_prune_bounds``), the sweep ends before the block's first pruned query block."""
   bh_count, seq_len, head_dim = q.shape
   bq, bk = TILES.block_q_dkv, TILES.block_k_dkv
   tile, t_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bq, q.dtype)
   out_tile = _smem_tiles(head_dim, share_dtype)
+  ends = () if bounds is None else (bounds[1],)
+  inputs = (q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *ends)
 
-  def body(q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-           dc_ref, k_s, v_s, cols_s, p_s, ds_s, out_s, dc_s, bar):
+  def body(*refs):
+    q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref = refs[:10]
+    vector_refs = (hi_ref, lo_ref, seg_ref, thr_ref, *refs[10:len(inputs)])
+    dk_ref, dv_ref, dc_ref, k_s, v_s, cols_s, p_s, ds_s, out_s, dc_s, bar = refs[len(inputs):]
     bh, block = lax.axis_index("bh"), lax.axis_index("k")
     k0 = block * bk
     cols = pl.ds(k0, bk)
     kv_row = _kv_head(bh, heads, group)
     plgpu.copy_gmem_to_smem(k_ref.at[kv_row, cols], k_s, bar)
     plgpu.copy_gmem_to_smem(v_ref.at[kv_row, cols], v_s, bar)
-    for i, ref in enumerate((hi_ref, lo_ref, seg_ref, thr_ref)):
+    for i, ref in enumerate(vector_refs):
       plgpu.copy_gmem_to_smem(ref.at[bh, cols], cols_s.at[i], bar)
     plgpu.barrier_wait(bar)
     # S^T: the keys are the tile's rows (axis 0), the queries its columns
     keys = _Positions(k0, cols_s.at[0], cols_s.at[1], cols_s.at[2], axis=0)
     first, end = _query_range(k0, bk, bq, seq_len // bq, window)
+    if ends:  # the pruned query blocks, a suffix: skipped by the bounds, not read
+      end = jnp.minimum(end, cols_s.at[4][0].astype(jnp.int32))
 
     def step(index, q_s, do_s, q_hi, q_lo, q_seg, q_lse, q_delta, carry):
       queries = _Positions((index[0] + first) * bq, q_hi, q_lo, q_seg, axis=1)
 
       def tile_update(carry):
         dk, dv, dc = carry
+        # masks on every tile, whatever the version: in this kernel, at 255 registers, the branch
+        # costs spills (v2's with it: 20 B at D = 64, 580 B at D = 128 against 0 and 412;
+        # benchmarks/mosaic_gpu_static.py), until its rewrite (issue #66)
         s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, scale2, window)
         p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
         p_s[...] = p_t.astype(p_s.dtype)
@@ -394,6 +484,8 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
         plgpu.commit_smem()
         return dk + _matmul(ds_s, q_s, (bk, head_dim)), dv, dc - ds_t.sum(axis=1)
 
+      if ends:
+        return tile_update(carry)
       return _unless_pruned(prune, queries, keys, cols_s.at[3][0], tile_update, carry)
 
     zeros = jnp.zeros((bk, head_dim), jnp.float32)
@@ -416,14 +508,15 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
       _named(body, "dkv"), out_type=(share, share, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
       scratch_types=[plgpu.SMEM((bk, head_dim), k.dtype, transforms=tile),  # k
                      plgpu.SMEM((bk, head_dim), v.dtype, transforms=tile),  # v
-                     plgpu.SMEM((4, bk), jnp.float32),  # the columns' c hi, c lo, ids, threshold
+                     # the columns' c hi, c lo, ids, threshold (and end query block)
+                     plgpu.SMEM((4 + len(ends), bk), jnp.float32),
                      plgpu.SMEM((bk, bq), q.dtype, transforms=t_tile),  # P^T
                      plgpu.SMEM((bk, bq), q.dtype, transforms=t_tile),  # dS^T
                      plgpu.SMEM((2, bk, head_dim), share_dtype, transforms=out_tile),  # dK, dV
                      plgpu.SMEM((bk,), jnp.float32),  # dc
-                     plgpu.Barrier(num_arrivals=6)],
+                     plgpu.Barrier(num_arrivals=6 + len(ends))],
       grid=(bh_count, seq_len // bk), grid_names=("bh", "k"), interpret=interpret,
-  )(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta)
+  )(*inputs)
 
 
 # ----------------------------------------------------------------------------- the GpuKernels
@@ -446,42 +539,60 @@ def _flat(x):
   return x.reshape(-1, x.shape[-1])
 
 
-def _prepared(q, k, v, ops, static):
+def _prune_bounds(hi, thr, block):
+  """Per position (the [BH, T] float32 vectors every block reads, as it reads its c): for a query
+  block, its first key block that pruning keeps; for a key block, the end of the query blocks
+  that pruning keeps. Tile (query block r, key block j) is pruned when c at r's first row minus c
+  at j's last column is below the threshold: ``_prunable``'s test, in the same float32 operations
+  on the same high parts of c, so the sweeps skip exactly the tiles the forward skips. c does not
+  increase along the sequence (nor does its rounded difference), so the pruned tiles of a row of
+  tiles are a prefix of its key blocks, and those of a column a suffix of its query blocks."""
+  firsts, lasts = hi[:, ::block], hi[:, block - 1::block]  # [BH, N]: c at each block's first row, last column
+  pruned = firsts[:, :, None] - lasts[:, None, :] < thr[:, None, None]  # [BH, N query blocks, N key blocks]
+  per_position = lambda x: jnp.repeat(x.astype(jnp.float32), block, axis=1)
+  return per_position(pruned.sum(axis=2)), per_position(pruned.shape[1] - pruned.sum(axis=1))
+
+
+def _prepared(q, k, v, ops, static, version):
   if static.pair:
     raise ValueError("forgetting_attention: impl='mosaic_gpu' has no context-parallel path yet")
   shapes = Shapes.of(q, k, static)
   # ids exact below 2^24; the pruning threshold repeated along the sequence, so that every
   # block reads it as it reads its c
   hi = _flat(ops.c_q.hi)
-  vectors = (hi, _flat(ops.c_q.lo), _flat(ops.seg_q).astype(jnp.float32),
-             jnp.broadcast_to(ops.thr.reshape(-1, 1), hi.shape).astype(jnp.float32))
+  thr = jnp.broadcast_to(ops.thr.reshape(-1, 1), hi.shape).astype(jnp.float32)
+  vectors = (hi, _flat(ops.c_q.lo), _flat(ops.seg_q).astype(jnp.float32), thr)
+  bounds = None
+  if static.prune and version.pruned_bounds:
+    assert TILES.block_q_dq == TILES.block_k_dq == TILES.block_q_dkv == TILES.block_k_dkv  # one tile grid
+    bounds = _prune_bounds(hi, ops.thr.reshape(-1).astype(jnp.float32), TILES.block_q_dq)
   options = dict(heads=shapes.heads, group=shapes.group, scale2=static.sm_scale * LOG2_E, window=static.window,
-                 prune=static.prune, interpret=_interpret(static))
+                 prune=static.prune, interpret=_interpret(static), version=version, bounds=bounds)
   return shapes, (_heads_major(q), _heads_major(k), _heads_major(v)) + vectors, options
 
 
-def _forward(q, k, v, ops, static):
-  shapes, operands, options = _prepared(q, k, v, ops, static)
+def _forward(version, q, k, v, ops, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static, version)
   o, lse2 = _forward_call(*operands, **options)
   return _seq_major(o, shapes.batch), lse2.reshape(shapes.batch, shapes.heads, -1)
 
 
-def _row_term(q, k, v, ops, do, lse2, static):
-  shapes, operands, options = _prepared(q, k, v, ops, static)
+def _row_term(version, q, k, v, ops, do, lse2, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static, version)
   delta = _query_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(lse2), sm_scale=static.sm_scale,
                             row_term=True, **options)
   return delta.reshape(shapes.batch, shapes.heads, -1)
 
 
-def _backward_dq(q, k, v, ops, do, lse2, delta, static):
-  shapes, operands, options = _prepared(q, k, v, ops, static)
+def _backward_dq(version, q, k, v, ops, do, lse2, delta, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static, version)
   dq = _query_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(delta), sm_scale=grad_scale(static),
                          row_term=False, **options)
   return _seq_major(dq, shapes.batch)
 
 
-def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
-  shapes, operands, options = _prepared(q, k, v, ops, static)
+def _backward_dkv(version, q, k, v, ops, do, lse2, delta, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static, version)
   share_dtype = shapes.key_shares(k).dtype
   dk, dv, dc = _key_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(delta),
                                sm_scale=grad_scale(static), share_dtype=share_dtype, **options)
@@ -489,11 +600,22 @@ def _backward_dkv(q, k, v, ops, do, lse2, delta, static):
   return shapes.summed(dk, k), shapes.summed(dv, v), dc.reshape(shapes.batch, shapes.heads, -1)
 
 
-KERNELS = GpuKernels(_forward, _row_term, _backward_dq, _backward_dkv)
-mosaic_gpu_attention = single_device(KERNELS, "mosaic_gpu", HEAD_DIMS, fit_block_sizes, check_runnable)
+def kernels_of(version):
+  """The ``GpuKernels`` of one version."""
+  return GpuKernels(*(functools.partial(kernel, version) for kernel in (_forward, _row_term, _backward_dq,
+                                                                         _backward_dkv)))
 
-# "auto" tries it after pallas (20) until a GPU run shows it faster.
-register_backend(Backend("mosaic_gpu", mosaic_gpu_attention, platforms=("gpu",), interpretable=True,
-                         head_dims=HEAD_DIMS, dtypes=DTYPES, priority=10, available=available,
-                         suite_skips={"small_tiles": "tests/kernels/test_mosaic_gpu.py runs it at its own tiles, "
-                                                     "on Python 3.12 / jax 0.11.2"}))
+
+def _register(version, priority):
+  attention = single_device(kernels_of(version), version.name, HEAD_DIMS, fit_block_sizes, check_runnable)
+  register_backend(Backend(version.name, attention, platforms=("gpu",), interpretable=True, head_dims=HEAD_DIMS,
+                           dtypes=DTYPES, priority=priority, available=available,
+                           suite_skips={"small_tiles": "tests/kernels/test_mosaic_gpu.py runs it at its own tiles, "
+                                                       "on Python 3.12 / jax 0.11.2"}))
+  return attention
+
+
+# "auto" tries version 2 after pallas (20) until a GPU run shows it faster; version 1 only by name,
+# kept to compare the two (compile counts now, times when a GPU is lent).
+mosaic_gpu_attention = _register(V2, priority=10)
+_register(V1, priority=None)

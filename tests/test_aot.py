@@ -69,8 +69,10 @@ SASS = """
 
 
 def test_the_instruction_mix_counts_the_tensor_core_loop_only():
-  """The spin-wait loop (no tensor-core instruction) is left out; the other is counted by class."""
-  assert sass_mix(SASS) == [{"total": 5, "tensor": 1, "mufu": 1, "fp32": 1, "spill": 1, "control": 1}]
+  """The spin-wait loop (no tensor-core instruction) is left out; the other is counted by class,
+  and its matmul in 64 x 64 x 128 units (one 64 x 64 x 16 HGMMA: 1/8)."""
+  assert sass_mix(SASS) == [{"total": 5, "units": 0.125, "tensor": 1, "mufu": 1, "fp32": 1, "spill": 1,
+                             "control": 1}]
 
 
 def test_tpu_kernels_are_named_and_their_vmem_read():

@@ -156,6 +156,8 @@ _CLASSES = (  # (class, opcode prefixes), first match wins
 )
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _BRANCH = re.compile(r"/\*([0-9a-f]{4,})\*/.*\bBRA\b.*`\((\.L_x_\d+)\)")
+_GMMA_SHAPE = re.compile(r"GMMA\.(\d+)x(\d+)x(\d+)")
+UNIT = 64 * 64 * 128  # one matmul "unit": a 64 x 64 x 128 product (the cost model of docs/kernels_mosaic_gpu.md)
 
 
 def _class_of(opcode):
@@ -167,8 +169,9 @@ def _class_of(opcode):
 
 def sass_mix(sass):
   """The instruction mix of each innermost loop of ``sass`` (nvdisasm -c output) that holds
-  tensor-core instructions: a list of {class: count, "total": n}, in address order. A loop is
-  a backward branch's range; one holding another such loop is left out (the inner one is the
+  tensor-core instructions: a list of {class: count, "total": n, "units": u}, in address order,
+  ``units`` the warpgroup matmuls (HGMMA) of one trip in 64 x 64 x 128 units. A loop is a
+  backward branch's range; one holding another such loop is left out (the inner one is the
   per-tile work)."""
   instructions, labels, loops = [], {}, []
   pending = []
@@ -184,23 +187,25 @@ def sass_mix(sass):
     for name in pending:
       labels[name] = address
     pending = []
-    instructions.append((address, found.group(2)))
+    shape = _GMMA_SHAPE.search(line)
+    units = int(shape[1]) * int(shape[2]) * int(shape[3]) / UNIT if shape else 0.0
+    instructions.append((address, found.group(2), units))
     branch = _BRANCH.search(line)
     if branch:
       loops.append((branch.group(2), address))
   ranges = sorted({(labels[target], end) for target, end in loops if target in labels and labels[target] <= end})
   mixes = []
   for start, end in ranges:
-    ops = [op for address, op in instructions if start <= address <= end]
-    if not any(_class_of(op) == "tensor" for op in ops):
+    inside = [(op, units) for address, op, units in instructions if start <= address <= end]
+    if not any(_class_of(op) == "tensor" for op, _ in inside):
       continue
-    mixes.append(((start, end), ops))
+    mixes.append(((start, end), inside))
   innermost = [(span, ops) for span, ops in mixes
                if not any(other != span and span[0] <= other[0] and other[1] <= span[1] for other, _ in mixes)]
   result = []
-  for _, ops in innermost:
-    counts = {"total": len(ops)}
-    for op in ops:
+  for _, inside in innermost:
+    counts = {"total": len(inside), "units": sum(units for _, units in inside)}
+    for op, _ in inside:
       counts[_class_of(op)] = counts.get(_class_of(op), 0) + 1
     result.append(counts)
   return result

@@ -24,10 +24,10 @@ needs_interpreter = pytest.mark.skipif(not mosaic_gpu.available(),
 LIMITS = {"bfloat16": 1.5e-2, "float16": 5e-3}
 
 
-def run(q, k, v, log_f, do, dtype, **options):
+def run(q, k, v, log_f, do, dtype, impl="mosaic_gpu", **options):
   """o and the four gradients of sum(o * dO), float32 numpy, from inputs rounded to dtype."""
   def loss(q, k, v, log_f):
-    o = forgetting_attention(q, k, v, log_f, impl="mosaic_gpu", interpret=True, **options)
+    o = forgetting_attention(q, k, v, log_f, impl=impl, interpret=True, **options)
     return jnp.sum(o.astype(jnp.float32) * do), o
   (_, o), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
       *(jnp.asarray(x, dtype) for x in (q, k, v)), jnp.asarray(log_f))
@@ -54,12 +54,17 @@ CASES = {
     "fp16-D128-ragged": (200, 1, 1, 128, "float16", None, ()),
     "bf16-gqa2-segments": (256, 4, 2, 64, "bfloat16", None, (90, 130)),
     "bf16-window48-segments": (256, 2, 2, 64, "bfloat16", 48, (150,)),
+    # padded to 256 with segment id 0 after the last segment (2): version 2's corner test
+    "bf16-ragged-segments": (200, 1, 1, 64, "bfloat16", None, (40, 150)),
 }
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name", CASES)
-def test_outputs_and_gradients_match_float64(name):
+@pytest.mark.parametrize("name, impl", [(name, "mosaic_gpu") for name in CASES]
+                         + [("bf16-window48-segments", "mosaic_gpu_v1")])
+def test_outputs_and_gradients_match_float64(name, impl):
+  """Version 2 (impl="mosaic_gpu": interior tiles unmasked, pruning as the sweeps' bounds) on
+  every case; version 1, kept to compare, on the one with every mask."""
   seq_len, heads, kv_heads, head_dim, dtype, window, starts = CASES[name]
   inputs = case(seq_len, heads, kv_heads, head_dim, dtype)
   segment_ids = None
@@ -67,7 +72,7 @@ def test_outputs_and_gradients_match_float64(name):
     segment_ids = np.zeros((1, seq_len), np.int32)
     for start in starts:
       segment_ids[:, start:] += 1
-  results = run(*inputs, dtype, segment_ids=None if segment_ids is None else jnp.asarray(segment_ids),
+  results = run(*inputs, dtype, impl, segment_ids=None if segment_ids is None else jnp.asarray(segment_ids),
                 window=window)
   assert_close(results, float64(*inputs, segment_ids, window), dtype)
 
@@ -99,11 +104,14 @@ def test_the_decay_keeps_its_two_float_parts_far_from_zero():
 
 
 @needs_interpreter
-def test_pruning_skips_decayed_tiles_unread_and_stays_within_its_bound():
+@pytest.mark.parametrize("impl", ["mosaic_gpu", "mosaic_gpu_v1"])
+def test_pruning_skips_decayed_tiles_unread_and_stays_within_its_bound(impl):
+  """Version 2's sweeps start (dQ) and end (dK/dV) where pruning allows; version 1 tests each tile:
+  both skip the same tiles, and neither reads a skipped tile's values."""
   q, k, v, log_f, do = case(256, 1, 1, 64, "float16", gates=(0.05, 0.2))
   epsilon = 1e-2
-  pruned = run(q, k, v, log_f, do, "float16", prune_epsilon=epsilon)
-  exact = run(q, k, v, log_f, do, "float16")
+  pruned = run(q, k, v, log_f, do, "float16", impl, prune_epsilon=epsilon)
+  exact = run(q, k, v, log_f, do, "float16", impl)
   assert np.max(np.abs(pruned[0] - exact[0])) < 2 * epsilon * np.max(np.abs(v))  # pruning.py's bound
   for a, b in zip(pruned[1:], exact[1:]):
     np.testing.assert_allclose(a, b, atol=1e-3 * np.max(np.abs(b)))
@@ -111,8 +119,8 @@ def test_pruning_skips_decayed_tiles_unread_and_stays_within_its_bound():
   # never read it (their outputs and dQ stay finite); without pruning every row reads it
   v = v.copy()
   v[:, :64] = np.nan
-  pruned = run(q, k, v, log_f, do, "float16", prune_epsilon=epsilon)
-  exact = run(q, k, v, log_f, do, "float16")
+  pruned = run(q, k, v, log_f, do, "float16", impl, prune_epsilon=epsilon)
+  exact = run(q, k, v, log_f, do, "float16", impl)
   for result in (pruned[0], pruned[1]):
     assert np.isfinite(result[:, 128:]).all() and np.isnan(result[:, 64:128]).any()
   assert np.isnan(exact[0][:, 128:]).all()
@@ -164,3 +172,23 @@ def test_off_gpu_without_interpret_the_error_says_so():
   x = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
   with pytest.raises(ValueError, match="needs a Hopper GPU; on CPU pass interpret=True"):
     forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl="mosaic_gpu")
+
+
+def test_the_pruned_bounds_are_the_tiles_the_per_tile_test_skips():
+  """Version 2's sweep bounds (_prune_bounds, plain XLA: tested on every leg) skip exactly the tiles
+  the per-tile test skips: a prefix of each query block's key blocks, a suffix of each key block's
+  query blocks, the diagonal never."""
+  rng = np.random.default_rng(0)
+  block, blocks = 64, 8
+  c = np.cumsum(np.log(rng.uniform(0.05, 1.0, size=(3, block * blocks))), axis=1).astype(np.float32)
+  thr = np.array([-30.0, -120.0, -1e9], np.float32)  # some, many, none pruned
+  starts, ends = (np.asarray(x)[:, ::block].astype(int) for x in mosaic_gpu._prune_bounds(
+      jnp.asarray(c), jnp.asarray(thr), block))
+  pruned = (c[:, ::block][:, :, None] - c[:, block - 1::block][:, None, :]) < thr[:, None, None]
+  for row in range(3):
+    for r in range(blocks):
+      assert list(pruned[row, r]) == [j < starts[row, r] for j in range(blocks)]
+      assert starts[row, r] <= r  # the diagonal tile is kept
+    for j in range(blocks):
+      assert list(pruned[row, :, j]) == [r >= ends[row, j] for r in range(blocks)]
+  assert starts[0].any() and not starts[2].any()

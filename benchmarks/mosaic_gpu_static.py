@@ -1,0 +1,139 @@
+"""The static measure of the Mosaic GPU kernels (issue #66): version 1 (``impl="mosaic_gpu_v1"``),
+version 2 (``impl="mosaic_gpu"``) and JAX's own Hopper attention (``attention_mgpu``: no gate,
+non-causal, the floor), compiled for an H100 (sm_90a) on a CPU machine, read from ptxas and the
+SASS (lpcjax.aot.compiler_reports). Compiler counts, not speeds: what a GPU will time is
+benchmarks/gpu_check.sh's.
+
+For each kernel: registers, spill bytes, shared memory; for its per-tile loop (the innermost
+loop holding the tensor-core instructions; a kernel whose masks are a branch has several paths
+through it, so each path is its own build):
+
+* units: the warpgroup's matmul work per trip in 64 x 64 x 128 units (from the HGMMA shapes);
+* instructions: the loop's, of the heavier copy where ptxas made two of the tile loop (most
+  kernels: which tiles run which copy does not show in the code), the lighter copy's beside it;
+* per element (of the heavier copy): the loop's instructions of each class (exp = MUFU, fp32, integer and other,
+  loads and stores, synchronisation, control) per score element of the tile (the tile's
+  elements over the warpgroup's 128 threads: 32 for a 64 x 64 tile).
+
+Version 2's paths: "edge" is every tile as version 1 builds it (the masks), "interior" the
+build where every tile takes the unmasked arm (``_logits2`` replaced by its unmasked half),
+which is what an interior tile runs, less its corner test (four shared-memory loads and a
+few compares per tile, not per element). Cases: bf16, T = 4096, 4 heads, D = 64 and 128, plain
+(causal) and with every feature (grouped K/V, window 512, segments, pruning).
+
+  JAX_PLATFORMS=cpu python benchmarks/mosaic_gpu_static.py   # Python >= 3.12, pip install -e ".[aot]"
+
+Prints a table and writes results/mosaic_gpu_static.json.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compile_check import run_attention, run_attention_mgpu  # noqa: E402  (the compile check's own runners)
+
+from lpcjax.files import write_json_atomic  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+CLASSES = ("mufu", "fp32", "integer_other", "convert", "load_store", "sync", "control")
+FEATURES = dict(kv_heads=2, window=512, segments=True, prune=True)
+THREADS = 128  # one warpgroup: the SASS counts are per thread
+
+
+def tile_elements(kernel):
+  """Score elements of one trip of the kernel's tile loop, per warpgroup."""
+  if kernel == "attention_mgpu fwd":
+    return 64 * 128  # its forward's block_q 64 per warpgroup x block_kv 128
+  return 64 * 64
+
+
+def kernel_names(row):
+  """The kernels' names: lpcjax's own, and for attention_mgpu (whose compiled kernels are named
+  "entry" and "anonymous") its forward (the entry) and backward kernels by their matmul units
+  (dQ has three products per tile, dK/dV four)."""
+  kernels = row["kernels"]
+  if not row["case"].startswith("attention_mgpu"):
+    return [kernel["name"] for kernel in kernels]
+  units = lambda kernel: max((mix.get("units", 0) for mix in kernel.get("loops") or []), default=0)
+  backward = sorted((kernel for kernel in kernels if kernel["name"] != "entry"), key=units)
+  label = {id(kernel): f"attention_mgpu {name}" for kernel, name in zip(backward, ("dq", "dkv"))}
+  return [label.get(id(kernel), "attention_mgpu fwd") for kernel in kernels]
+
+
+def measured(row, path):
+  """A list of {case, path, kernel, registers, spills, smem, units, per element by class} of one
+  compile row."""
+  out = []
+  if not row.get("compiled"):
+    return [{"case": row["case"], "path": path, "error": row.get("error")}]
+  for kernel, name in zip(row["kernels"], kernel_names(row)):
+    loops = kernel.get("loops") or []
+    entry = {"case": row["case"], "path": path, "kernel": name, "registers": kernel.get("registers"),
+             "spill_store_bytes": kernel.get("spill_store_bytes"), "spill_load_bytes": kernel.get("spill_load_bytes"),
+             "smem_kib": round((kernel.get("smem_bytes") or 0) / 1024, 1)}
+    # the tile loops: those with the whole tile's matmuls (ptxas keeps two copies of most, a
+    # lighter and a heavier, and which tiles run which is not visible in the code: both are kept)
+    units = max((mix.get("units", 0) for mix in loops), default=0)
+    whole = sorted((mix for mix in loops if mix.get("units", 0) == units), key=lambda mix: mix["total"])
+    if whole:
+      per_thread = tile_elements(name) / THREADS
+      loop = whole[-1]
+      entry.update(units=units, instructions=loop["total"], tensor=loop.get("tensor", 0),
+                   per_element={name: round(loop.get(name, 0) / per_thread, 2) for name in CLASSES},
+                   non_tensor_per_element=round((loop["total"] - loop.get("tensor", 0)) / per_thread, 2),
+                   lighter_copy_instructions=whole[0]["total"] if len(whole) > 1 else None)
+    out.append(entry)
+  return out
+
+
+def interior_build():
+  """Every tile of version 2 takes the unmasked arm: the instructions an interior tile runs."""
+  from lpcjax.kernels import mosaic_gpu
+  original = mosaic_gpu._logits2
+  mosaic_gpu._logits2 = lambda scores, queries, keys, scale2, window, masks_only_where_needed=False: (
+      mosaic_gpu._decayed_logits2(scores, queries, keys, scale2) if masks_only_where_needed
+      else original(scores, queries, keys, scale2, window))
+  return lambda: setattr(mosaic_gpu, "_logits2", original)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=os.path.join(RESULTS, "mosaic_gpu_static.json"))
+  parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+  args = parser.parse_args()
+  entries = []
+  for head_dim in args.head_dims:
+    for extra in ({}, FEATURES):
+      fields = dict(dtype="bfloat16", head_dim=head_dim, seq_len=4096, heads=4, **extra)
+      entries += measured(run_attention("h100", dict(impl="mosaic_gpu_v1", **fields)), "v1")
+      entries += measured(run_attention("h100", dict(impl="mosaic_gpu", **fields)), "v2 edge")
+      restore = interior_build()
+      try:
+        entries += measured(run_attention("h100", dict(impl="mosaic_gpu", **fields)), "v2 interior")
+      finally:
+        restore()
+    entries += measured(run_attention_mgpu("h100", dict(impl="attention_mgpu", dtype="float16", head_dim=head_dim,
+                                                        seq_len=4096, heads=4)), "floor")
+  print(f"{'case':62} {'path':12} {'kernel':38} {'regs':>4} {'spill':>9} {'smem':>6} {'units':>5} "
+        f"{'non-tensor/elem':>15} " + " ".join(f"{name[:6]:>6}" for name in CLASSES))
+  for entry in entries:
+    if "error" in entry:
+      print(f"{entry['case']:62} {entry['path']:12} FAILED: {entry['error']}")
+      continue
+    per = entry.get("per_element", {})
+    print(f"{entry['case']:62} {entry['path']:12} {entry['kernel'][:38]:38} {entry['registers'] or '':>4} "
+          f"{entry['spill_store_bytes']}/{entry['spill_load_bytes']:<4} {entry['smem_kib']:>6} "
+          f"{entry.get('units', ''):>5} {entry.get('non_tensor_per_element', ''):>15} "
+          + " ".join(f"{per.get(name, ''):>6}" for name in CLASSES))
+  import jax
+  write_json_atomic(args.out, {"date": datetime.date.today().isoformat(), "machine": platform.node(),
+                               "jax": jax.__version__, "python": platform.python_version(),
+                               "note": "compiler counts for sm_90a (ptxas, nvdisasm), not speeds", "rows": entries})
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

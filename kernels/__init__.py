@@ -1,9 +1,9 @@
 """lpcjax.kernels: forgetting attention (reference, blockwise XLA, and GPU kernels when present).
 
 This folder is installed as ``lpcjax.kernels`` (see pyproject.toml); import it by that name.
-Its names load on first use (``lpcjax.lazy``): ``import lpcjax.kernels.target`` or a config
-check loads no JAX, and the backends' table is filled (``api``) before any of its names is
-read through the package.
+Its names load on first use (``lpcjax.lazy``): importing the package, or a config check, loads
+no kernel (importing one submodule loads that submodule), and the backends' table is filled
+(``api``) before any of its names is read through the package.
 """
 
 from lpcjax.lazy import lazy_exports

@@ -180,10 +180,10 @@ class _Positions:
 
 def _interior(queries, keys, window):
   """Whether every (query, key) pair of the tile is visible: its last key at or before its first
-  query, its last query within the window of its first key, and one segment. Segment ids rise
-  along the sequence (checks.prepare_segments' cumulative sum) but for the padding's 0 after the
-  last position, so equal ids at the four ends of the two sides mean one segment: four scalar
-  reads of SMEM."""
+  query, its last query within the window of its first key, and one segment. The kernels' segment
+  ids never fall along the sequence (checks.prepare_segments' cumulative sum, and ``_prepared``
+  carries it over the padding), so equal ids at the four ends of the two sides mean one
+  segment: four scalar reads of SMEM."""
   interior = keys.start + keys.size - 1 <= queries.start
   if window is not None:
     interior &= queries.start + queries.size - 1 - keys.start < window
@@ -561,7 +561,11 @@ def _prepared(q, k, v, ops, static, version):
   # block reads it as it reads its c
   hi = _flat(ops.c_q.hi)
   thr = jnp.broadcast_to(ops.thr.reshape(-1, 1), hi.shape).astype(jnp.float32)
-  vectors = (hi, _flat(ops.c_q.lo), _flat(ops.seg_q).astype(jnp.float32), thr)
+  # ids made monotone along the sequence (the padding's 0 after the last segment becomes that
+  # segment's id), so that equal ids at a tile's corners mean one segment (``_interior``): no
+  # pair of real positions changes, padded keys stay behind the causal mask, padded rows are cut
+  seg = lax.cummax(ops.seg_q, axis=ops.seg_q.ndim - 1)
+  vectors = (hi, _flat(ops.c_q.lo), _flat(seg).astype(jnp.float32), thr)
   bounds = None
   if static.prune and version.pruned_bounds:
     assert TILES.block_q_dq == TILES.block_k_dq == TILES.block_q_dkv == TILES.block_k_dkv  # one tile grid

@@ -10,19 +10,22 @@ reads the table as the package's imports. Standard library only.
 """
 
 import importlib
+import importlib.util
 import sys
 
 
 def lazy_exports(package, table):
   """(``__getattr__``, ``__dir__``) of ``package`` for the names of ``table`` ({submodule:
-  names}); a name that is a submodule's own name is that submodule."""
+  names}); any submodule's own name (``lpcjax.models.fox``) is that submodule, imported."""
   owner = {name: f"{package}.{module}" for module, names in table.items() for name in names}
 
   def __getattr__(name):
-    if name not in owner:
+    if name in owner:
+      value = getattr(importlib.import_module(owner[name]), name)
+    elif importlib.util.find_spec(f"{package}.{name}") is not None:
+      value = importlib.import_module(f"{package}.{name}")
+    else:
       raise AttributeError(f"module {package!r} has no attribute {name!r}")
-    module = importlib.import_module(owner[name])
-    value = module if owner[name].rpartition(".")[2] == name else getattr(module, name)
     setattr(sys.modules[package], name, value)  # loaded once: later lookups skip __getattr__
     return value
 

@@ -235,3 +235,32 @@ def test_config_errors_answer_before_jax_loads(tmp_path):
                                     "data.batch_size: contrastive pre-training needs >= 2"]):
     assert expected in line, line
   assert loaded == "loaded: []", loaded
+
+
+def test_a_lazy_package_gives_its_submodules_and_old_names():
+  """As before the packages were lazy: a submodule is an attribute of its package, the family
+  table's functions import from lpcjax.models.family, and a family written with the fields that
+  moved to the config class is one line saying where they went."""
+  import sys
+
+  import lpcjax.kernels
+  import lpcjax.layers
+  import lpcjax.models
+  from lpcjax.config import ConfigError
+  from lpcjax.models.family import get, register  # noqa: F401
+  assert lpcjax.models.fox is sys.modules["lpcjax.models.fox"]
+  assert lpcjax.kernels.api is sys.modules["lpcjax.kernels.api"]
+  assert lpcjax.layers.attention.ForgettingAttention is lpcjax.layers.ForgettingAttention
+  try:
+    lpcjax.models.no_such_name
+  except AttributeError as error:
+    assert "no attribute 'no_such_name'" in str(error)
+  else:
+    raise AssertionError("an unknown name was given")
+  try:
+    lpcjax.models.Family("old", lpcjax.models.FoXConfig, None, loss=None, example_inputs=None, evaluator=None,
+                         data_kinds=("mqar",))
+  except ConfigError as error:
+    assert "now class attributes of the family's config class" in str(error)
+  else:
+    raise AssertionError("the old field was taken")

@@ -14,6 +14,8 @@ import jax
 
 from lpcjax.config import ConfigError, family_name
 
+from .table import get, names, register, source_of  # noqa: F401  (re-exported: where they were)
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -117,3 +119,19 @@ class Family:
     if getattr(config, "debug_checks", False):  # value checks belong to apply, not init
       model = model.clone(config=dataclasses.replace(config, debug_checks=False))
     return model.init(rngs, *self.example_inputs(data_config))
+
+
+_DATACLASS_INIT = Family.__init__
+
+
+def _init(self, *args, data_kinds=None, train_config_cls=None, **fields):
+  """The dataclass's __init__, with one line for the fields that moved to the config class (a
+  family written for lpcjax before 2026-12-06)."""
+  if data_kinds is not None or train_config_cls is not None:
+    raise ConfigError("Family: data_kinds and train_config_cls are now class attributes of the family's config "
+                      "class (ModelConfig.data_kinds, ModelConfig.train_config_cls; a language model's config "
+                      "subclasses lpcjax.models.LanguageModelConfig): docs/adding_a_family.md")
+  _DATACLASS_INIT(self, *args, **fields)
+
+
+Family.__init__ = _init

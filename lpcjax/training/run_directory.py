@@ -199,8 +199,9 @@ def open_run_directory(config, resume):
     if lock.note():
       print(lock.note(), file=sys.stderr)
     return (run_dir, _checked_start(run_dir, config, resume), created, lock)
-  except BaseException:
-    if created and lock.held:  # a folder made by this call, not by a trainer that started beside it
+  except BaseException as error:
+    # a folder made by this call goes, unless a trainer that started beside it holds it now
+    if created and (lock.held or not isinstance(error, RunLockedError)):
       shutil.rmtree(run_dir, ignore_errors=True)
     lock.release()
     raise

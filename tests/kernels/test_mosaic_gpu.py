@@ -54,8 +54,10 @@ CASES = {
     "fp16-D128-ragged": (200, 1, 1, 128, "float16", None, ()),
     "bf16-gqa2-segments": (256, 4, 2, 64, "bfloat16", None, (90, 130)),
     "bf16-window48-segments": (256, 2, 2, 64, "bfloat16", 48, (150,)),
-    # padded to 256 with segment id 0 after the last segment (2): version 2's corner test
+    # padded to 256 after the last segment, and to 128 after a boundary inside the last block:
+    # the ids the kernels see must not fall back to 0 there (version 2's corner test)
     "bf16-ragged-segments": (200, 1, 1, 64, "bfloat16", None, (40, 150)),
+    "bf16-ragged-boundary-in-last-block": (100, 1, 1, 64, "bfloat16", None, (80,)),
 }
 
 
@@ -176,15 +178,18 @@ def test_off_gpu_without_interpret_the_error_says_so():
 
 def test_the_pruned_bounds_are_the_tiles_the_per_tile_test_skips():
   """Version 2's sweep bounds (_prune_bounds, plain XLA: tested on every leg) skip exactly the tiles
-  the per-tile test skips: a prefix of each query block's key blocks, a suffix of each key block's
-  query blocks, the diagonal never."""
+  the forward's per-tile test (_prunable, on numpy arrays here) skips: a prefix of each query
+  block's key blocks, a suffix of each key block's query blocks, the diagonal never."""
+  from types import SimpleNamespace
   rng = np.random.default_rng(0)
   block, blocks = 64, 8
   c = np.cumsum(np.log(rng.uniform(0.05, 1.0, size=(3, block * blocks))), axis=1).astype(np.float32)
   thr = np.array([-30.0, -120.0, -1e9], np.float32)  # some, many, none pruned
   starts, ends = (np.asarray(x)[:, ::block].astype(int) for x in mosaic_gpu._prune_bounds(
       jnp.asarray(c), jnp.asarray(thr), block))
-  pruned = (c[:, ::block][:, :, None] - c[:, block - 1::block][:, None, :]) < thr[:, None, None]
+  side = lambda row, b: SimpleNamespace(hi_ref=c[row, b * block:(b + 1) * block])
+  pruned = np.array([[[bool(mosaic_gpu._prunable(side(row, r), side(row, j), thr[row])) for j in range(blocks)]
+                      for r in range(blocks)] for row in range(3)])
   for row in range(3):
     for r in range(blocks):
       assert list(pruned[row, r]) == [j < starts[row, r] for j in range(blocks)]

@@ -120,14 +120,14 @@ def test_a_second_trainer_exits_2_with_one_line_and_changes_nothing(tmp_path, mo
 
 def test_a_lock_the_disk_cannot_take_is_one_line(tmp_path, monkeypatch):
   """Writing the holder's name into train.lock fails (a full disk): one line naming the reason,
-  and no lock file left behind."""
+  and nothing left behind: no lock file, no run folder."""
   def full(fd, data, offset):
     raise OSError(errno.ENOSPC, "No space left on device")
 
   monkeypatch.setattr(os, "pwrite", full)
   with pytest.raises(FileSystemError, match=r"no space left on the device; choose a writable folder"):
     train(tiny_experiment(tmp_path, "train.steps=2", "train.warmup_steps=0", name="full"), progress=False)
-  assert not os.path.exists(tmp_path / "full" / LOCK_FILE)
+  assert not os.path.exists(tmp_path / "full")
 
 
 def test_a_run_directory_that_cannot_be_written_is_one_line_before_any_compute(tmp_path):

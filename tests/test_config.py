@@ -36,6 +36,8 @@ def test_overrides_parse_by_field_type():
     ("model.vocab_size=100", "model.vocab_size: 100 is smaller than the mqar data's 256 tokens"),
     ("data.mqar_num_pairs=100", "data.mqar_num_pairs:"),
     ("train.warmup_steps=999999", "train.warmup_steps:"),
+    ("model.attention_impl=cuda", "model.attention_impl: unknown backend 'cuda'; known: auto, "),
+    ("model.attention_impl=trion", r"model.attention_impl: unknown backend 'trion' \(did you mean triton\?\)"),
     ("model.family=mamba", "model.family: unknown model family 'mamba'"),
     ("data.kind=ucr", "data.kind: unknown kind 'ucr'"),
     ("data.train_files=a.txt", "data.train_files: unknown key for data.kind='mqar'"),
@@ -170,7 +172,13 @@ def test_the_backend_table_checks_the_config(overrides, message):
     assert models.checked_family(C.apply_overrides(base(), overrides)).name == "fox"
 
 
-def test_an_unknown_backend_is_named_when_a_run_starts():
-  config = C.apply_overrides(base(), ["model.attention_impl=cuda"])
-  with pytest.raises(C.ConfigError, match="model.attention_impl: must be one of"):
-    models.checked_family(config)
+def test_the_backend_names_known_before_jax_are_the_tables():
+  """The names a config accepts before JAX loads (kernels/names.py) are the backends lpcjax's own
+  modules register in the table, no more and no fewer."""
+  from lpcjax.kernels import available_impls, source_of
+  from lpcjax.kernels.names import BUILT_IN
+  own = {"auto"} | {name for name in available_impls() if name != "auto"
+                    and source_of(name)["module"].startswith("lpcjax.kernels.")}
+  assert own == set(BUILT_IN)
+
+

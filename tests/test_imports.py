@@ -204,7 +204,7 @@ for package in ("lpcjax.experiment", "lpcjax.models", "lpcjax.data", "lpcjax.lay
   __import__(package)
 cases = [["model.d_modle=3"], ["--config", "fox_tiny_text", "data.train_files=/no/such/file.txt"],
          ["--config", "lpcsm:tiny", "data.seq_len=100"], [f"train.run_dir={sys.argv[1]}", "train.steps=1"],
-         ["model.family=foxx"], ["--config", "pmt", "data.batch_size=1"]]
+         ["model.family=foxx"], ["--config", "pmt", "data.batch_size=1"], ["model.attention_impl=trion"]]
 for argv in cases:
   stderr = io.StringIO()
   with contextlib.redirect_stderr(stderr):
@@ -228,11 +228,12 @@ def test_config_errors_answer_before_jax_loads(tmp_path):
                           text=True, cwd=REPO, env=env, timeout=120)
   assert result.returncode == 0, result.stderr
   *lines, loaded = result.stdout.strip().splitlines()
-  assert [line.split(" ", 1)[0] for line in lines] == ["2"] * 6, lines
+  assert [line.split(" ", 1)[0] for line in lines] == ["2"] * 7, lines
   for line, expected in zip(lines, ["model.d_modle: unknown key", "data.train_files: no such file",
                                     "data.seq_len: 100 must be a multiple of model.chunk_size",
                                     "a file stands where a folder is needed", "did you mean fox?",
-                                    "data.batch_size: contrastive pre-training needs >= 2"]):
+                                    "data.batch_size: contrastive pre-training needs >= 2",
+                                    "unknown backend 'trion' (did you mean triton?)"]):
     assert expected in line, line
   assert loaded == "loaded: []", loaded
 

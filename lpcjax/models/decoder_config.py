@@ -11,8 +11,9 @@ declares its own ``forget_gate`` default and the variants it allows.
 import dataclasses
 from typing import ClassVar, Optional
 
-from lpcjax.config import ModelConfig, require, require_choice
+from lpcjax.config import ModelConfig, did_you_mean, require, require_choice
 from lpcjax.data.recall_tasks import TASK_KINDS
+from lpcjax.kernels.names import known_impls
 from lpcjax.layers.configs import DTYPE_NAMES, GateConfig
 
 # The names of the blocks' remat policies (lpcjax.models.decoder maps them to JAX's).
@@ -20,6 +21,15 @@ REMAT_POLICY_NAMES = ("none", "full", "dots", "dots_no_batch")
 
 # What a language model reads: the generated recall tasks, text files and prepared token files.
 LM_DATA_KINDS = (*TASK_KINDS, "text", "tokens")
+
+
+def check_impl_name(impl):
+  """``model.attention_impl`` names a backend: one line, before JAX loads, for a mistyped name.
+  What the backend supports is checked when a run starts (the family's check)."""
+  known = known_impls()
+  require(impl in known, "model.attention_impl",
+          f"unknown backend {impl!r}{did_you_mean(impl, known)}; known: {', '.join(known)} (a backend of one's own "
+          "is registered with lpcjax.kernels.register_backend before the config is built)")
 
 
 @dataclasses.dataclass(frozen=True)

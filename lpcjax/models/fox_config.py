@@ -7,7 +7,7 @@ from typing import ClassVar, Optional
 from lpcjax.config import LRScaledTrainConfig, require, require_choice
 from lpcjax.layers.configs import GATE_VARIANTS, AttentionConfig, MLPConfig, swiglu_hidden_size
 
-from .decoder_config import DecoderConfig, GateFields, KVHeadFields
+from .decoder_config import DecoderConfig, GateFields, KVHeadFields, check_impl_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,7 @@ class TransformerConfig(KVHeadFields, DecoderConfig):
     require(self.attention_window is None or self.attention_window >= 1, "model.attention_window",
             f"must be >= 1 or None, got {self.attention_window}")
     self.check_kv_heads()
+    check_impl_name(self.attention_impl)
 
   def describe(self):
     """A short label for plots and reports."""

@@ -10,7 +10,7 @@ from lpcjax.config import LRScaledTrainConfig, require, require_choice
 from lpcjax.layers.configs import (AttentionConfig, ControllerConfig, MemoryConfig, MHCConfig, MLPConfig,
                                   swiglu_hidden_size)
 
-from .decoder_config import DecoderConfig, GateFields, KVHeadFields
+from .decoder_config import DecoderConfig, GateFields, KVHeadFields, check_impl_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +134,7 @@ class LPCSMConfig(GateFields, KVHeadFields, DecoderConfig):
     require(0 <= self.resolved_stop_token < self.vocab_size, "model.stop_token",
             f"{self.stop_token} is not a token of the {self.vocab_size}-token vocabulary")
     self.check_kv_heads()
+    check_impl_name(self.attention_impl)
 
     require_choice(self.position_embedding, "model.position_embedding", {"sinusoidal", "none"})
     require_choice(self.summary_pool, "model.summary_pool", {"mean", "attention"})

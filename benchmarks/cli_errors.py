@@ -36,6 +36,7 @@ def cases(scratch):
       ("train.py: a run folder under a file", [*train, f"train.run_dir={a_file}", "train.steps=1",
                                                "train.warmup_steps=0"], 2),
       ("train.py: lpcsm's chunks and seq_len", [*train, "--config", "lpcsm:tiny", "data.seq_len=100"], 2),
+      ("train.py: a mistyped backend", [*train, "model.attention_impl=trion"], 2),
       ("eval.py: a run that is not there", [*evaluate, "--run", os.path.join(scratch, "nowhere")], 2),
       ("train.py: a backend it cannot use (JAX)", [*train, "model.attention_impl=pallas", "model.head_dim=8",
                                                    "train.steps=1", "train.warmup_steps=0",

@@ -137,8 +137,9 @@ class RunLock:
       raise self._locked(None) from None
     try:
       holder = _read(fd)
-      if _alive_here(holder) is not False:
-        raise self._locked(holder, can_check=_alive_here(holder) is not None)
+      alive = _alive_here(holder)
+      if alive is not False:
+        raise self._locked(holder, can_check=alive is not None)
       if not self._same_file(fd):
         raise self._locked(_read_file(self.path))
       os.unlink(self.path)  # a process of this host that is gone: its lock is stale

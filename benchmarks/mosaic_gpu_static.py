@@ -69,7 +69,11 @@ def measured(row, path):
   out = []
   if not row.get("compiled"):
     return [{"case": row["case"], "path": path, "error": row.get("error")}]
+  seen = set()
   for kernel, name in zip(row["kernels"], kernel_names(row)):
+    if name in seen:  # a forward built twice (alone and under the gradient) when they are one kernel
+      continue
+    seen.add(name)
     loops = kernel.get("loops") or []
     entry = {"case": row["case"], "path": path, "kernel": name, "registers": kernel.get("registers"),
              "spill_store_bytes": kernel.get("spill_store_bytes"), "spill_load_bytes": kernel.get("spill_load_bytes"),

@@ -118,15 +118,22 @@ class GpuKernels(NamedTuple):
 
   * ``forward(q, k, v, ops, static)`` -> (o, lse2);
   * ``row_term(q, k, v, ops, do, lse2, static)`` -> delta (recomputed from the tiles);
-  * ``backward_dq(q, k, v, ops, do, lse2, delta, static)`` -> dq;
+  * ``backward_dq(q, k, v, ops, do, lse2, delta, static)`` -> dq, or for a backend with
+    ``forward_two_part`` (dq, dc_rows): dc_rows_i = sum_j dS_ij, the rows' half of dc, which the
+    others leave out because it is zero up to delta's error;
   * ``backward_dkv(q, k, v, ops, do, lse2, delta, static)`` -> (dk, dv summed over each
-    group's query heads, dc).
+    group's query heads, dc);
+  * optionally ``forward_two_part(q, k, v, ops, static)`` -> (o, o_lo, lse2), the forward run
+    for a gradient on one device, whose o + o_lo gives the backward its delta instead of
+    ``row_term`` (vjp.py's ``BackendKernels.forward_two_part``; row_term.py says why its
+    backward_dq adds the rows' sums).
   """
 
   forward: Callable
   row_term: Callable
   backward_dq: Callable
   backward_dkv: Callable
+  forward_two_part: Optional[Callable] = None
 
 
 def decay_cumsum(log_fgate):
@@ -153,16 +160,24 @@ def single_device(kernels, impl, head_dims, fit_block_sizes, check):
   def forward(q, k, v, c, seg, thr, static):
     return kernels.forward(q, k, v, Operands.self_attention(c, seg, thr), static)
 
+  def forward_two_part(q, k, v, c, seg, thr, static):
+    return kernels.forward_two_part(q, k, v, Operands.self_attention(c, seg, thr), static)
+
   def row_term(q, k, v, c, seg, thr, do, lse2, static):
     return kernels.row_term(q, k, v, Operands.self_attention(c, seg, thr), do, lse2, static)
 
   def backward(q, k, v, c, seg, thr, do, lse2, delta, static):
     args = (q, k, v, Operands.self_attention(c, seg, thr), do, lse2, delta, static)
-    return (kernels.backward_dq(*args),) + tuple(kernels.backward_dkv(*args))
+    dk, dv, dc = kernels.backward_dkv(*args)
+    if kernels.forward_two_part is None:
+      return kernels.backward_dq(*args), dk, dv, dc
+    dq, dc_rows = kernels.backward_dq(*args)  # dc_t = sum_j dS_tj - sum_i dS_it, both halves
+    return dq, dk, dv, dc + dc_rows
 
   padded = differentiable(BackendKernels(
       cumsum=decay_cumsum, forward=forward, row_term=row_term,
-      row_term_from_output=row_term_from_output, backward=backward, seq_axis=2))
+      row_term_from_output=row_term_from_output, backward=backward, seq_axis=2,
+      forward_two_part=forward_two_part if kernels.forward_two_part else None))
 
   def attention(q, k, v, log_fgate, segment_ids, sm_scale, block_sizes=None, interpret=False,
                 prune_threshold=None, window=None):

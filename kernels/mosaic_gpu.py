@@ -11,10 +11,11 @@ shared custom_vjp of vjp.py): base-2 logits, c = cumsum log f as decay.py's two 
 whose difference (hi_i - hi_j) + (lo_i - lo_j) is built in the accumulator's layout from a row
 vector and a column vector (never a [T, T] array), then scaled by log2 e; the forward writes o
 and the base-2 lse; the backward runs a dQ kernel per query block and a dK/dV/dc kernel per key
-block (dc_j = -sum_i dS_ij), and for bf16/fp16 a row-term kernel (delta) on the dQ kernel's
-tiles (row_term.py). Causal, segment ids (hard cuts arrive as segments, checks.py), sliding
-windows (masked, and the sweeps start and end where the band does), grouped-query attention
-(the kernels pick K/V head h // G; dK/dV are written per query head and summed per group).
+block (dc_j = -sum_i dS_ij), and for bf16/fp16 (version 1) a row-term kernel (delta) on the dQ
+kernel's tiles, or (version 2) reads delta off o's two parts (row_term.py). Causal, segment ids
+(hard cuts arrive as segments, checks.py), sliding windows (masked, and the sweeps start and end
+where the band does), grouped-query attention (the kernels pick K/V head h // G; dK/dV are
+written per query head and summed per group).
 
 Pruning (``prune_epsilon``): a tile whose decay bounds its weight below the threshold
 (pruning.py, on the high parts of c) is skipped: in the forward by a ``lax.cond`` around its two
@@ -22,9 +23,10 @@ matmuls, in the backward sweeps (version 2) by their bounds; the three kernels r
 64 x 64 tiles, so the backward skips the forward's tiles.
 
 Two versions from this one source (``Version``): ``impl="mosaic_gpu"`` is version 2 (interior
-tiles skip the masks; pruning moves the backward's bounds), ``impl="mosaic_gpu_v1"`` version 1,
-kept by name to compare until a GPU times both (benchmarks/mosaic_gpu_static.py compares their
-compiled code now).
+tiles skip the masks; pruning moves the backward's bounds; no row-term kernel, the forward run
+for a gradient writing o in two parts; dQ, dK and dV accumulated in place across their sweeps),
+``impl="mosaic_gpu_v1"`` version 1, kept by name to compare until a GPU times both
+(benchmarks/mosaic_gpu_static.py compares their compiled code now).
 
 Not yet: the context-parallel ring (no pair kernels), float32 inputs (wgmma has no
 full-precision float32), head dims other than 64 and 128. On one device the kernels read heads-major copies
@@ -78,16 +80,29 @@ class Version:
   * ``pruned_bounds``: pruning moves the backward sweeps' bounds (the pruned tiles of a block
     are a prefix of its key blocks and a suffix of its query blocks, c being monotone) instead of
     testing each tile inside the loop, so a pruned tile costs no copy and no pipeline step.
+  * ``two_part_output``: the forward run for a gradient multiplies V by P's rounding to the
+    inputs' dtype and by its rounding residual (a third matmul per tile) and writes o as two parts,
+    o + o_lo; the backward reads the row term delta_i = dO_i . (o_i + o_lo_i) off them, as
+    exact as recomputing it from the tiles (row_term.py), so there is no row-term kernel: 7
+    matmul units per tile backward instead of 9, 3 forward (2 without a gradient).
+  * ``in_place_accumulators``: dQ, and dK and dV, accumulate in wgmma accumulators that live
+    across the sweep (``_accumulate``) instead of a fresh one per tile added to a carried value:
+    no register copy of the product and no add per element, and the product is left in flight
+    while the next tile starts (the tile it reads is released a step later).
   """
 
   name: str
   unmasked_interior: bool
   heavy_first: bool
   pruned_bounds: bool
+  two_part_output: bool
+  in_place_accumulators: bool
 
 
-V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False)  # to compare
-V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True)
+V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False,
+             two_part_output=False, in_place_accumulators=False)  # to compare
+V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True, two_part_output=True,
+             in_place_accumulators=True)
 
 
 def available():
@@ -152,12 +167,39 @@ def _smem_tiles(columns, dtype):
   return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
 
 
-def _matmul(a, b, shape):
-  """a @ b of two SMEM operands (b may be a transposed view) into a fresh float32 accumulator."""
+def _products(pairs, shape):
+  """sum of a @ b over ``pairs`` of SMEM operands (b may be a transposed view), accumulated by
+  wgmma in one fresh float32 accumulator."""
   def run(acc):
-    plgpu.wgmma(acc, a, b)
+    for a, b in pairs:
+      plgpu.wgmma(acc, a, b)
     return acc[...]
   return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def _matmul(a, b, shape):
+  return _products([(a, b)], shape)
+
+
+def _accumulate(acc, value, a, b):
+  """value + a @ b, for a sweep's accumulator: with ``acc`` (an ACC ref that lives across the
+  sweep, ``_with_accumulators``) the wgmma adds into it in place and is left in flight, and
+  ``value`` stays None; without, the product goes through a fresh accumulator into ``value``. The
+  product in flight is waited for by the next tile's first product (reading an accumulator waits
+  for every wgmma before it), so the SMEM tiles it reads are rewritten only after that, and the
+  pipeline's tiles it reads are released a step late (``_from_block``'s ``delay_release``)."""
+  if acc is None:
+    return value + _matmul(a, b, value.shape)
+  plgpu.wgmma(acc, a, b)
+  return None
+
+
+def _with_accumulators(sweep, shapes, in_place):
+  """``sweep(*accs)`` with an in-place float32 ACC of each of ``shapes`` (``in_place``), or with
+  None for each (the sweep then carries its sums as values)."""
+  if not in_place:
+    return sweep(*(None for _ in shapes))
+  return pl.run_scoped(sweep, *(plgpu.ACC(shape, jnp.float32) for shape in shapes))
 
 
 def _rows(ref, axis):
@@ -176,6 +218,11 @@ class _Positions:
   def __init__(self, start, hi, lo, seg, axis):
     self.start, self.axis, self.hi_ref, self.seg_ref, self.size = start, axis, hi, seg, hi.shape[0]
     self.hi, self.lo, self.seg = _rows(hi, axis), _rows(lo, axis), _rows(seg, axis)
+
+  def positions(self):
+    """The side's positions, a vector in its layout."""
+    layout = plgpu.Layout.WGMMA.reduce(1 - self.axis)
+    return plgpu.broadcasted_iota(jnp.int32, (self.size,), 0, layout=layout) + self.start
 
 
 def _interior(queries, keys, window):
@@ -202,9 +249,8 @@ def _decayed_logits2(scores, queries, keys, scale2):
 
 def _masked(s, queries, keys, window):
   """``s`` with -inf where the pair is not visible: causal, same segment, inside the window."""
-  shape, layout = s.shape, plgpu.Layout.WGMMA
-  i = plgpu.broadcasted_iota(jnp.int32, shape, queries.axis, layout=layout) + queries.start
-  j = plgpu.broadcasted_iota(jnp.int32, shape, keys.axis, layout=layout) + keys.start
+  shape = s.shape
+  i, j = (_across(side.positions(), shape, side.axis) for side in (queries, keys))
   visible = (i >= j) & (_across(queries.seg, shape, queries.axis) == _across(keys.seg, shape, keys.axis))
   if window is not None:
     visible &= i - j < window
@@ -257,14 +303,18 @@ def _query_range(first_key, keys, block, num_blocks, window):
   return first, end
 
 
-def _from_block(first, shape, transforms=()):
-  """The spec of block j + ``first`` of a [T, ...] operand: a sweep that starts at block ``first``."""
-  return plgpu.BlockSpec(shape, lambda j: (j + first,) + (0,) * (len(shape) - 1), transforms=transforms)
+def _from_block(first, shape, transforms=(), delay_release=0):
+  """The spec of block j + ``first`` of a [T, ...] operand: a sweep that starts at block ``first``
+  (``delay_release`` 1: its SMEM stage is refilled a step later, for a wgmma left in flight)."""
+  return plgpu.BlockSpec(shape, lambda j: (j + first,) + (0,) * (len(shape) - 1), transforms=transforms,
+                         delay_release=delay_release)
 
 
-def _key_specs(first, block, head_dim, tile):
-  """K, V tiles and the columns' c hi, c lo and ids, from key block ``first`` on."""
-  return ([_from_block(first, (block, head_dim), tile)] * 2 + [_from_block(first, (block,))] * 3)
+def _key_specs(first, block, head_dim, tile, k_in_flight=False):
+  """K, V tiles and the columns' c hi, c lo and ids, from key block ``first`` on; with
+  ``k_in_flight``, K's stage released a step late."""
+  return ([_from_block(first, (block, head_dim), tile, delay_release=int(k_in_flight)),
+           _from_block(first, (block, head_dim), tile)] + [_from_block(first, (block,))] * 3)
 
 
 def _kv_head(bh, heads, group):
@@ -276,16 +326,20 @@ def _kv_head(bh, heads, group):
 
 
 def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window, prune, interpret, version,
-                  bounds=None):
+                  bounds=None, two_part=False):
   """o [BH, T, D] and base-2 lse [BH, T] from heads-major q [BH, T, D], k, v [BH/G, T, D] and
-  the per-position vectors [BH, T]."""
+  the per-position vectors [BH, T]; with ``two_part`` (``Version.two_part_output``) o, o_lo and
+  lse, o + o_lo being the output of P's two parts (its rounding and the residual) times V."""
   del bounds  # the forward tests each tile: its warpgroups share one key sweep (docs/kernels_mosaic_gpu.md)
   bh_count, seq_len, head_dim = q.shape
   bq, bk = WG_ROWS, TILES.block_k
   tile, p_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
 
-  def body(q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, o_ref, lse_ref,
-           q_s, o_s, p_s, rows_s, lse_s, q_bar):
+  def body(*refs):
+    q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, o_ref, *refs = refs
+    o_lo_ref, lse_ref, *refs = refs if two_part else (None, *refs)
+    q_s, o_s, p_s, *refs = refs
+    r_s, rows_s, lse_s, q_bar = refs if two_part else (None, *refs)
     bh, wg = lax.axis_index("bh"), lax.axis_index("wg")
     block = _launch_order(lax.axis_index("q"), seq_len // (COMPUTE_WGS * bq), version)
     cta_first = block * (COMPUTE_WGS * bq)
@@ -303,10 +357,15 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
               plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), row_layout),
               plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_layout))
       acc, m, l = run_pipeline(init)
-      o_s.at[wg][...] = (acc / _across(l, acc.shape, 0)).astype(o_s.dtype)  # every row sees itself: l >= 1
+      o = acc / _across(l, acc.shape, 0)  # every row sees itself: l >= 1
+      o_s.at[wg][...] = o.astype(o_s.dtype)
+      if two_part:  # o's rounding residual, through q's SMEM (its last product is done)
+        q_s.at[wg][...] = (o - o.astype(o_s.dtype).astype(jnp.float32)).astype(q_s.dtype)
       lse_s.at[wg][...] = m + jnp.log2(l)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_s.at[wg], o_ref.at[bh, rows])
+      if two_part:
+        plgpu.copy_smem_to_gmem(q_s.at[wg], o_lo_ref.at[bh, rows])
       plgpu.copy_smem_to_gmem(lse_s.at[wg], lse_ref.at[bh, rows])
       plgpu.wait_smem_to_gmem(0)
 
@@ -323,8 +382,12 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
         p = jnp.exp2(s - _across(m_safe, s.shape, 0))
         alpha = jnp.exp2(m - m_safe)
         p_s.at[wg][...] = p.astype(p_s.dtype)  # P through SMEM: wgmma's A operand
+        parts = [(p_s.at[wg], v_s)]
+        if two_part:  # and P's rounding residual, so that o + o_lo is P V to float32's precision
+          r_s.at[wg][...] = (p - p.astype(p_s.dtype).astype(jnp.float32)).astype(r_s.dtype)
+          parts.append((r_s.at[wg], v_s))
         plgpu.commit_smem()
-        pv = _matmul(p_s.at[wg], v_s, (bq, head_dim))
+        pv = _products(parts, (bq, head_dim))
         return acc * _across(alpha, acc.shape, 0) + pv, m_new, l * alpha + p.sum(axis=1)
 
       # blocks wholly right of this warpgroup's diagonal, or left of its window, are skipped,
@@ -342,16 +405,17 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
         max_concurrent_steps=STAGES, compute_context=compute_context, in_specs=_key_specs(first, bk, head_dim, tile),
     )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
 
+  o = jax.ShapeDtypeStruct(q.shape, q.dtype)
+  scratch = [plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q (and o_lo)
+             plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile)]  # o
+  scratch += [plgpu.SMEM((COMPUTE_WGS, bq, bk), q.dtype, transforms=p_tile)] * (1 + two_part)  # P (its residual)
+  scratch += [plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, c lo, ids, threshold
+              plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),  # lse
+              plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)]
   return plgpu.kernel(
-      _named(body, "fwd"),
-      out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
-      scratch_types=[plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q
-                     plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # o
-                     plgpu.SMEM((COMPUTE_WGS, bq, bk), q.dtype, transforms=p_tile),  # P
-                     plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, c lo, ids, threshold
-                     plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),  # lse
-                     plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)],
-      grid=(bh_count, seq_len // (COMPUTE_WGS * bq)), grid_names=("bh", "q"),
+      _named(body, "fwd_two_part" if two_part else "fwd"),
+      out_type=(o,) * (1 + two_part) + (jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32),),
+      scratch_types=scratch, grid=(bh_count, seq_len // (COMPUTE_WGS * bq)), grid_names=("bh", "q"),
       num_threads=COMPUTE_WGS + 1, thread_name="wg", interpret=interpret,
   )(q, k, v, c_hi, c_lo, seg, thr)
 
@@ -361,19 +425,23 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
 
 def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
                       prune, interpret, row_term, version, bounds=None):
-  """Per query block of 64 rows, over its key blocks: dq [BH, T, D] (times ``sm_scale``), or
-  with ``row_term`` delta_i = sum_j P_ij dP_ij [BH, T] (``delta`` is then unused). With
-  ``bounds`` (``_prune_bounds``), the sweep starts at the block's first unpruned key block."""
+  """Per query block of 64 rows, over its key blocks: dq [BH, T, D] (times ``sm_scale``), with
+  ``version.two_part_output`` also the rows' sums of dS [BH, T] (dc's row half); or with
+  ``row_term`` delta_i = sum_j P_ij dP_ij [BH, T] (``delta`` is then unused). With ``bounds``
+  (``_prune_bounds``), the sweep starts at the block's first unpruned key block."""
   bh_count, seq_len, head_dim = q.shape
   bq, bk = TILES.block_q_dq, TILES.block_k_dq
   tile, ds_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
   starts = () if bounds is None else (bounds[0],)
   inputs = (q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *starts)
+  row_sums = version.two_part_output and not row_term
 
   def body(*refs):
     q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref = refs[:10]
     vector_refs = (hi_ref, lo_ref, seg_ref, lse_ref, delta_ref, thr_ref, *refs[10:len(inputs)])
-    out_ref, q_s, do_s, rows_s, ds_s, out_s, bar = refs[len(inputs):]
+    out_ref, *refs = refs[len(inputs):]
+    sums_ref, q_s, do_s, rows_s, ds_s, out_s, *refs = refs if row_sums else (None, *refs)
+    sums_s, bar = refs if row_sums else (None, *refs)
     bh, block = lax.axis_index("bh"), _launch_order(lax.axis_index("q"), seq_len // bq, version)
     row0 = block * bq
     rows = pl.ds(row0, bq)
@@ -388,48 +456,66 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
     if starts:  # the pruned key blocks, a prefix: skipped by the bounds, not read
       first = jnp.maximum(first, rows_s.at[6][0].astype(jnp.int32))
 
-    def step(index, k_s, v_s, k_hi, k_lo, k_seg, carry):
-      keys = _Positions((index[0] + first) * bk, k_hi, k_lo, k_seg, axis=1)
-
-      def tile_update(carry):
-        s = _logits2(_matmul(q_s, k_s.T, (bq, bk)), queries, keys, scale2, window, version.unmasked_interior)
-        p = jnp.exp2(s - _across(lse2, s.shape, 0))
-        dp = _matmul(do_s, v_s.T, (bq, bk))
-        if row_term:
-          return carry + (p * dp).sum(axis=1)
-        ds = p * (dp - _across(delta_rows, s.shape, 0))
-        ds_s[...] = ds.astype(ds_s.dtype)
-        plgpu.commit_smem()
-        return carry + _matmul(ds_s, k_s, (bq, head_dim))
-
-      if starts:
-        return tile_update(carry)
-      # the forward's tiles: the same skips
-      return _unless_pruned(prune, queries, keys, rows_s.at[5][0], tile_update, carry)
-
     kv_row = _kv_head(bh, heads, group)
-    init = jnp.zeros((bq,) if row_term else (bq, head_dim), jnp.float32)
-    result = plgpu.emit_pipeline(
-        step, grid=(end - first,), max_concurrent_steps=STAGES, init_carry=init,
-        in_specs=_key_specs(first, bk, head_dim, tile),
-    )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
-    out_s[...] = result if row_term else (result * sm_scale).astype(out_s.dtype)
+    in_place = version.in_place_accumulators and not row_term
+
+    def sweep(dq_acc):
+      def step(index, k_s, v_s, k_hi, k_lo, k_seg, carry):
+        keys = _Positions((index[0] + first) * bk, k_hi, k_lo, k_seg, axis=1)
+
+        def tile_update(carry):
+          s = _logits2(_matmul(q_s, k_s.T, (bq, bk)), queries, keys, scale2, window, version.unmasked_interior)
+          p = jnp.exp2(s - _across(lse2, s.shape, 0))
+          dp = _matmul(do_s, v_s.T, (bq, bk))
+          if row_term:
+            return carry + (p * dp).sum(axis=1)
+          dq, sums = carry
+          ds = p * (dp - _across(delta_rows, s.shape, 0))
+          if row_sums:
+            sums = sums + ds.sum(axis=1)
+          ds_s[...] = ds.astype(ds_s.dtype)
+          plgpu.commit_smem()
+          return _accumulate(dq_acc, dq, ds_s, k_s), sums
+
+        if starts:
+          return tile_update(carry)
+        # the forward's tiles: the same skips
+        return _unless_pruned(prune, queries, keys, rows_s.at[5][0], tile_update, carry)
+
+      vector = jnp.zeros((bq,), jnp.float32)
+      init = vector if row_term else (None if in_place else jnp.zeros((bq, head_dim), jnp.float32), vector)
+      result = plgpu.emit_pipeline(
+          step, grid=(end - first,), max_concurrent_steps=STAGES, init_carry=init,
+          in_specs=_key_specs(first, bk, head_dim, tile, k_in_flight=in_place),
+      )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
+      return (dq_acc[...], result[1]) if in_place else result
+
+    if row_term:
+      out_s[...] = sweep(None)
+    else:
+      dq, sums = _with_accumulators(sweep, [(bq, head_dim)], in_place)
+      out_s[...] = (dq * sm_scale).astype(out_s.dtype)
+      if row_sums:
+        sums_s[...] = sums
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(out_s, out_ref.at[bh, rows])
+    if row_sums:
+      plgpu.copy_smem_to_gmem(sums_s, sums_ref.at[bh, rows])
     plgpu.wait_smem_to_gmem(0)
 
-  out = (jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32) if row_term
-         else jax.ShapeDtypeStruct(q.shape, q.dtype))
+  vector = jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)
+  out = vector if row_term else jax.ShapeDtypeStruct(q.shape, q.dtype)
   out_smem = plgpu.SMEM((bq,), jnp.float32) if row_term else plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile)
   vectors = 6 + len(starts)
   return plgpu.kernel(
-      _named(body, "row_term" if row_term else "dq"), out_type=out,
+      _named(body, "row_term" if row_term else "dq"), out_type=(out, vector) if row_sums else out,
       scratch_types=[plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # q
                      plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # dO
                      # the rows' c hi, c lo, ids, lse, delta, threshold (and first key block)
                      plgpu.SMEM((vectors, bq), jnp.float32),
                      plgpu.SMEM((bq, bk), q.dtype, transforms=ds_tile),  # dS
-                     out_smem, plgpu.Barrier(num_arrivals=2 + vectors)],
+                     out_smem] + [plgpu.SMEM((bq,), jnp.float32)] * row_sums  # (the rows' sums of dS)
+                    + [plgpu.Barrier(num_arrivals=2 + vectors)],
       grid=(bh_count, seq_len // bq), grid_names=("bh", "q"), interpret=interpret,
   )(*inputs)
 
@@ -465,35 +551,43 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
     if ends:  # the pruned query blocks, a suffix: skipped by the bounds, not read
       end = jnp.minimum(end, cols_s.at[4][0].astype(jnp.int32))
 
-    def step(index, q_s, do_s, q_hi, q_lo, q_seg, q_lse, q_delta, carry):
-      queries = _Positions((index[0] + first) * bq, q_hi, q_lo, q_seg, axis=1)
+    in_place = version.in_place_accumulators
 
-      def tile_update(carry):
-        dk, dv, dc = carry
-        # masks on every tile, whatever the version: in this kernel, at 255 registers, the branch
-        # costs spills (v2's with it: 20 B at D = 64, 580 B at D = 128 against 0 and 412;
-        # benchmarks/mosaic_gpu_static.py), until its rewrite (issue #66)
-        s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, scale2, window)
-        p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
-        p_s[...] = p_t.astype(p_s.dtype)
-        plgpu.commit_smem()
-        dv = dv + _matmul(p_s, do_s, (bk, head_dim))  # dV += P^T dO
-        dp_t = _matmul(v_s, do_s.T, (bk, bq))  # dP^T = V dO^T
-        ds_t = p_t * (dp_t - _across(_rows(q_delta, 1), s_t.shape, 1))
-        ds_s[...] = ds_t.astype(ds_s.dtype)
-        plgpu.commit_smem()
-        return dk + _matmul(ds_s, q_s, (bk, head_dim)), dv, dc - ds_t.sum(axis=1)
+    def sweep(dk_acc, dv_acc):
+      def step(index, q_s, do_s, q_hi, q_lo, q_seg, q_lse, q_delta, carry):
+        queries = _Positions((index[0] + first) * bq, q_hi, q_lo, q_seg, axis=1)
 
-      if ends:
-        return tile_update(carry)
-      return _unless_pruned(prune, queries, keys, cols_s.at[3][0], tile_update, carry)
+        def tile_update(carry):
+          dk, dv, dc = carry
+          # masks on every tile, whatever the version: the interior branch costs this kernel spills
+          # at D = 128 (version 2: 255 registers and 68 B with it, 246 and none without;
+          # benchmarks/mosaic_gpu_static.py)
+          s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, scale2, window)
+          p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
+          p_s[...] = p_t.astype(p_s.dtype)
+          plgpu.commit_smem()
+          dv = _accumulate(dv_acc, dv, p_s, do_s)  # dV += P^T dO
+          dp_t = _matmul(v_s, do_s.T, (bk, bq))  # dP^T = V dO^T (reading it waits for dV's product)
+          ds_t = p_t * (dp_t - _across(_rows(q_delta, 1), s_t.shape, 1))
+          ds_s[...] = ds_t.astype(ds_s.dtype)
+          plgpu.commit_smem()
+          return _accumulate(dk_acc, dk, ds_s, q_s), dv, dc - ds_t.sum(axis=1)  # dK += dS^T Q
 
-    zeros = jnp.zeros((bk, head_dim), jnp.float32)
-    init = (zeros, zeros, jnp.zeros((bk,), jnp.float32))
-    dk, dv, dc = plgpu.emit_pipeline(
-        step, grid=(end - first,), max_concurrent_steps=STAGES, init_carry=init,
-        in_specs=[_from_block(first, (bq, head_dim), tile)] * 2 + [_from_block(first, (bq,))] * 5,
-    )(q_ref.at[bh], do_ref.at[bh], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh], lse_ref.at[bh], delta_ref.at[bh])
+        if ends:
+          return tile_update(carry)
+        return _unless_pruned(prune, queries, keys, cols_s.at[3][0], tile_update, carry)
+
+      zeros = None if in_place else jnp.zeros((bk, head_dim), jnp.float32)
+      # Q's stage is released a step late where dK's product on it is left in flight
+      specs = [_from_block(first, (bq, head_dim), tile, delay_release=int(in_place)),
+               _from_block(first, (bq, head_dim), tile)] + [_from_block(first, (bq,))] * 5
+      dk, dv, dc = plgpu.emit_pipeline(
+          step, grid=(end - first,), max_concurrent_steps=STAGES, in_specs=specs,
+          init_carry=(zeros, zeros, jnp.zeros((bk,), jnp.float32)),
+      )(q_ref.at[bh], do_ref.at[bh], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh], lse_ref.at[bh], delta_ref.at[bh])
+      return (dk_acc[...], dv_acc[...], dc) if in_place else (dk, dv, dc)
+
+    dk, dv, dc = _with_accumulators(sweep, [(bk, head_dim)] * 2, in_place)
     out_s.at[0][...] = (dk * sm_scale).astype(out_s.dtype)
     out_s.at[1][...] = dv.astype(out_s.dtype)
     dc_s[...] = dc
@@ -581,6 +675,12 @@ def _forward(version, q, k, v, ops, static):
   return _seq_major(o, shapes.batch), lse2.reshape(shapes.batch, shapes.heads, -1)
 
 
+def _forward_two_part(version, q, k, v, ops, static):
+  shapes, operands, options = _prepared(q, k, v, ops, static, version)
+  o, o_lo, lse2 = _forward_call(*operands, two_part=True, **options)
+  return _seq_major(o, shapes.batch), _seq_major(o_lo, shapes.batch), lse2.reshape(shapes.batch, shapes.heads, -1)
+
+
 def _row_term(version, q, k, v, ops, do, lse2, static):
   shapes, operands, options = _prepared(q, k, v, ops, static, version)
   delta = _query_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(lse2), sm_scale=static.sm_scale,
@@ -589,10 +689,14 @@ def _row_term(version, q, k, v, ops, do, lse2, static):
 
 
 def _backward_dq(version, q, k, v, ops, do, lse2, delta, static):
+  """dq; with ``version.two_part_output`` (dq, the rows' sums of dS [B, H, T])."""
   shapes, operands, options = _prepared(q, k, v, ops, static, version)
   dq = _query_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(delta), sm_scale=grad_scale(static),
                          row_term=False, **options)
-  return _seq_major(dq, shapes.batch)
+  if not version.two_part_output:
+    return _seq_major(dq, shapes.batch)
+  dq, sums = dq
+  return _seq_major(dq, shapes.batch), sums.reshape(shapes.batch, shapes.heads, -1)
 
 
 def _backward_dkv(version, q, k, v, ops, do, lse2, delta, static):
@@ -606,8 +710,9 @@ def _backward_dkv(version, q, k, v, ops, do, lse2, delta, static):
 
 def kernels_of(version):
   """The ``GpuKernels`` of one version."""
-  return GpuKernels(*(functools.partial(kernel, version) for kernel in (_forward, _row_term, _backward_dq,
-                                                                         _backward_dkv)))
+  kernels = (_forward, _row_term, _backward_dq, _backward_dkv)
+  kernels += (_forward_two_part,) if version.two_part_output else ()
+  return GpuKernels(*(functools.partial(kernel, version) for kernel in kernels))
 
 
 def _register(version, priority):

@@ -99,8 +99,8 @@ def first_line(error):
 
 
 def compile_attention(case, devices, reports=True, xla_triton_smem=False):
-  """Compile ``case``'s forward and backward for ``devices`` (one compile-only device, or a list
-  holding at least ``case.context``); a dict row: the case's fields,
+  """Compile ``case``'s forward (alone, and as the gradient runs it) and backward for ``devices``
+  (one compile-only device, or a list holding at least ``case.context``); a dict row: the case's fields,
   ``target`` (the device kind), ``compiled``, ``error`` (one line naming backend, target and the
   compiler's message) or ``kernels`` (KernelReport dicts, with ``reports``), ``seconds``.
   ``xla_triton_smem``: also read the Pallas kernels' shared memory (costly, and it slows every
@@ -115,7 +115,10 @@ def compile_attention(case, devices, reports=True, xla_triton_smem=False):
   try:
     # Mosaic GPU writes a kernel's resources when it is lowered, its PTX when it is compiled
     with dumps or contextlib.nullcontext(), building_for(device), jax.default_device(device), no_compilation_cache():
-      lowered = jax.jit(jax.value_and_grad(loss, argnums=argnums)).trace(*case.arguments(devices)).lower()
+      # the output alone (inference: a backend may run another forward kernel under a gradient,
+      # as mosaic_gpu's two-part forward) and the gradient, which runs every backward kernel
+      both = lambda *args: (loss(*args), jax.value_and_grad(loss, argnums=argnums)(*args))
+      lowered = jax.jit(both).trace(*case.arguments(devices)).lower()
       compiled = lowered.compile({**COMPILER_OPTIONS, **(dumps.compiler_options if dumps else {})})
       kernels = dumps.reports(compiled.as_text()) if dumps else []
       if device.platform == "tpu" and reports:

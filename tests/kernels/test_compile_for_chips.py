@@ -62,9 +62,10 @@ GPU_CASES.append(aot.AttentionCase("pallas", "bfloat16", 128, 4096, context=2, *
 @needs_gpu_compiler
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda case: case.name)
 def test_forward_and_backward_compile_for_hopper(case):
-  """Four kernels each (forward, row term, dQ, dK/dV) assembled for sm_90a, shared memory
-  within a block's limit; pallas and triton without register spills at their default tiles
-  (mosaic_gpu's spills at D = 128 belong to its own rework, docs/compile_check.md)."""
+  """Four kernels each assembled for sm_90a (forward, row term, dQ, dK/dV; mosaic_gpu: forward,
+  the gradient's two-part forward, dQ, dK/dV), shared memory within a block's limit, and no
+  register spills at the default tiles (mosaic_gpu's dK/dV spilled 412 B at D = 128 before its
+  accumulators moved in place, docs/kernels_mosaic_gpu.md)."""
   if case.impl == "triton":
     pytest.importorskip("jax_triton")
   kernels = compiled(case, compile_only_devices(f"h100x{case.context}" if case.context > 1 else "h100"))
@@ -72,10 +73,9 @@ def test_forward_and_backward_compile_for_hopper(case):
   for name, kernel in kernels.items():
     assert kernel.get("smem_bytes") is None or kernel["smem_bytes"] <= SMEM_PER_BLOCK, (name, kernel)
     assert any(loop.get("tensor") for loop in kernel["loops"]), f"{name}: no tensor-core loop"
-  if case.impl != "mosaic_gpu":
-    spills = {name: (k["spill_store_bytes"], k["spill_load_bytes"]) for name, k in kernels.items()
-              if k["spill_store_bytes"] or k["spill_load_bytes"]}
-    assert not spills, spills
+  spills = {name: (k["spill_store_bytes"], k["spill_load_bytes"]) for name, k in kernels.items()
+            if k["spill_store_bytes"] or k["spill_load_bytes"]}
+  assert not spills, spills
 
 
 @needs_tpu_compiler

@@ -100,6 +100,7 @@ CANDIDATES = {
     "triton_pruned": (lpcjax_candidate("triton", DEFAULT_EPSILON), "gpu"),
     "mosaic_gpu": (lpcjax_candidate("mosaic_gpu"), "gpu"),  # Hopper, jax >= 0.11 (version 2)
     "mosaic_gpu_v1": (lpcjax_candidate("mosaic_gpu_v1"), "gpu"),  # version 1, kept to compare
+    "mosaic_gpu_hw": (lpcjax_candidate("mosaic_gpu_hw"), "gpu"),  # version 2's hardware-only path
     "xla": (lpcjax_candidate("xla"), None),
     "xla_pruned": (lpcjax_candidate("xla", DEFAULT_EPSILON), None),
     "auto": (lpcjax_candidate("auto"), None),

@@ -1,17 +1,18 @@
 """Every accelerator kernel compiled ahead of time for its chips on this CPU machine: the resource table.
 
 The full grid of what CI compiles in small (tests/kernels/test_compile_for_chips.py): the GPU
-backends (pallas, triton, mosaic_gpu) for an H100 (sm_90a) and the TPU backend for v5e, v6e and
-v5p, forward and backward, over head dims 64 and 128, bf16 and fp16 (float32 where the backend
-takes it), plain and with grouped K/V + a window + segments + pruning, T from 2k to 16k, the
-context-parallel ring's pair kernels over two H100s; JAX's own Hopper attention (attention_mgpu)
-as the floor without the gate; and a FoX training step per backend. Each case compiles in a
-fresh process (a compiler's crash or state cannot reach the next case; XLA's Triton dump, the
-only source of a Pallas kernel's shared memory, slows every later compile of its process). For
-each kernel: registers, spill bytes, shared memory or VMEM, barriers, threads, and the
-instruction mix of its tensor-core loops (lpcjax.aot.compiler_reports). These are the compilers'
-counts, not speeds; gpu_check.sh adds a runtime column on a GPU (benchmarks/gpu_report.py). The
-peers' Triton kernels (the official FoX kernel, fla) are compiled by compile_peers.py.
+backends (pallas, triton, mosaic_gpu and its hardware path mosaic_gpu_hw) for an H100 (sm_90a) and
+the TPU backend for v5e, v6e and v5p, forward and backward, over head dims 64 and 128, bf16 and
+fp16 (float32 where the backend takes it), plain and with grouped K/V + a window + segments +
+pruning, T from 2k to 16k, the context-parallel ring's pair kernels over two H100s; JAX's own
+Hopper attention (attention_mgpu) as the floor without the gate; and a FoX training step per
+backend. Each case compiles in a fresh process (a compiler's crash or state cannot reach the next
+case; XLA's Triton dump, the only source of a Pallas kernel's shared memory, slows every later
+compile of its process). For each kernel: registers, spill bytes, shared memory or VMEM, barriers,
+threads, and the instruction mix of its tensor-core loops (lpcjax.aot.compiler_reports). These are
+the compilers' counts, not speeds; gpu_check.sh adds a runtime column on a GPU
+(benchmarks/gpu_report.py). The peers' Triton kernels (the official FoX kernel, fla) are compiled
+by compile_peers.py.
 
   pip install -e ".[aot,triton]"        # Python >= 3.12: the compilers, no GPU or TPU needed
   pip install nvidia-cuda-runtime-cu12  # only for attention_mgpu: its forward asks the runtime's version
@@ -41,12 +42,12 @@ def attention_grid(quick):
   """(target, AttentionCase fields) of every attention compile."""
   rows = []
   gpu_dtypes = {"pallas": ("bfloat16", "float16", "float32"), "triton": ("bfloat16", "float16", "float32"),
-                "mosaic_gpu": ("bfloat16", "float16")}
+                "mosaic_gpu": ("bfloat16", "float16"), "mosaic_gpu_hw": ("bfloat16", "float16")}
   for impl, dtypes in gpu_dtypes.items():
     for head_dim in (64, 128):
       rows.append(("h100", dict(impl=impl, dtype="bfloat16", head_dim=head_dim, seq_len=16384, heads=4)))
       rows.append(("h100", dict(impl=impl, dtype="bfloat16", head_dim=head_dim, seq_len=2048, **FEATURES)))
-      if impl != "mosaic_gpu":  # the context-parallel ring's pair kernels, over two GPUs
+      if not impl.startswith("mosaic_gpu"):  # the context-parallel ring's pair kernels, over two GPUs
         rows.append(("h100x2", dict(impl=impl, dtype="bfloat16", head_dim=head_dim, seq_len=8192, context=2,
                                     **FEATURES)))
       if not quick:

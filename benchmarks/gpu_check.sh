@@ -35,7 +35,7 @@ if [ -n "${REHEARSE:-}" ]; then  # toy sizes: every path that runs without a GPU
   fla_decode_args="--hidden-size 64 --layers 1 --heads 2 --prompt-lens 40 --batch-sizes 2 --new-tokens 2"
 else
   long=16384 sweep_lens="2048 8192 32768" tokens=32768 model_dim=2048 iters=5 peers="" check_len=1024 scale=1 budget=530
-  check_args="--impls pallas triton mosaic_gpu mosaic_gpu_v1"  # ("auto" is pallas on a GPU)
+  check_args="--impls pallas triton mosaic_gpu mosaic_gpu_hw mosaic_gpu_v1"  # ("auto" is pallas on a GPU)
   train_size="data.seq_len=4096 data.batch_size=8"
   # (--recompute-tokens 0: the uncached forward's [16, 32k, vocab] logits alone need 99 GiB)
   decode_args="--config paper:fox_pro_125m --prompt-lens 4096 32768 --batch-sizes 1 16 --new-tokens 64
@@ -44,7 +44,7 @@ else
 fi
 deadline=${BUDGET:-$budget}  # seconds since the script began (bash SECONDS), setup included
 rows="--batch-tokens $tokens --model-dim $model_dim --iters $iters"
-lpcjax_impls="pallas triton mosaic_gpu mosaic_gpu_v1 xla auto cudnn_nobias pallas_mha_nobias"
+lpcjax_impls="pallas triton mosaic_gpu mosaic_gpu_hw mosaic_gpu_v1 xla auto cudnn_nobias pallas_mha_nobias"
 
 pack() {  # the results so far, whole, into $OUT (a timeout keeps every finished step)
   [ -n "${OUT:-}" ] || return 0

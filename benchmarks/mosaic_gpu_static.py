@@ -1,5 +1,6 @@
 """The static measure of the Mosaic GPU kernels (issue #66): version 1 (``impl="mosaic_gpu_v1"``),
-version 2 (``impl="mosaic_gpu"``) and JAX's own Hopper attention (``attention_mgpu``: no gate,
+version 2 (``impl="mosaic_gpu"``), its hardware-only path (``impl="mosaic_gpu_hw"``: register
+operands, ACC.init) and JAX's own Hopper attention (``attention_mgpu``: no gate,
 non-causal, the floor), compiled for an H100 (sm_90a) on a CPU machine, read from ptxas and the
 SASS (lpcjax.aot.compiler_reports). Compiler counts, not speeds: what a GPU will time is
 benchmarks/gpu_check.sh's.
@@ -15,10 +16,10 @@ through it, so each path is its own build):
   loads and stores, synchronisation, control) per score element of the tile (the tile's
   elements over the warpgroup's 128 threads: 32 for a 64 x 64 tile).
 
-Version 2's paths: "edge" is every tile as version 1 builds it (the masks), "interior" the
-build where every tile takes the unmasked arm (``_logits2`` replaced by its unmasked half),
-which is what an interior tile runs, less its corner test (four shared-memory loads and a
-few compares per tile, not per element). Cases: bf16, T = 4096, 4 heads, D = 64 and 128, plain
+Version 2's paths (and its hardware path's): "edge" is every tile as version 1 builds it (the
+masks), "interior" the build where every tile takes the unmasked arm (``_logits2`` replaced by
+its unmasked half), which is what an interior tile runs, less its corner test (four
+shared-memory loads and a few compares per tile, not per element). Cases: bf16, T = 4096, 4 heads, D = 64 and 128, plain
 (causal) and with every feature (grouped K/V, window 512, segments, pruning).
 
   JAX_PLATFORMS=cpu python benchmarks/mosaic_gpu_static.py   # Python >= 3.12, pip install -e ".[aot]"
@@ -113,22 +114,23 @@ def main():
     for extra in ({}, FEATURES):
       fields = dict(dtype="bfloat16", head_dim=head_dim, seq_len=4096, heads=4, **extra)
       entries += measured(run_attention("h100", dict(impl="mosaic_gpu_v1", **fields)), "v1")
-      entries += measured(run_attention("h100", dict(impl="mosaic_gpu", **fields)), "v2 edge")
-      restore = interior_build()
-      try:
-        entries += measured(run_attention("h100", dict(impl="mosaic_gpu", **fields)), "v2 interior")
-      finally:
-        restore()
+      for impl, path in (("mosaic_gpu", "v2"), ("mosaic_gpu_hw", "v2 hw")):
+        entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} edge")
+        restore = interior_build()
+        try:
+          entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} interior")
+        finally:
+          restore()
     entries += measured(run_attention_mgpu("h100", dict(impl="attention_mgpu", dtype="float16", head_dim=head_dim,
                                                         seq_len=4096, heads=4)), "floor")
-  print(f"{'case':62} {'path':12} {'kernel':38} {'regs':>4} {'spill':>9} {'smem':>6} {'units':>5} "
+  print(f"{'case':62} {'path':16} {'kernel':38} {'regs':>4} {'spill':>9} {'smem':>6} {'units':>5} "
         f"{'non-tensor/elem':>15} " + " ".join(f"{name[:6]:>6}" for name in CLASSES))
   for entry in entries:
     if "error" in entry:
-      print(f"{entry['case']:62} {entry['path']:12} FAILED: {entry['error']}")
+      print(f"{entry['case']:62} {entry['path']:16} FAILED: {entry['error']}")
       continue
     per = entry.get("per_element", {})
-    print(f"{entry['case']:62} {entry['path']:12} {entry['kernel'][:38]:38} {entry['registers'] or '':>4} "
+    print(f"{entry['case']:62} {entry['path']:16} {entry['kernel'][:38]:38} {entry['registers'] or '':>4} "
           f"{entry['spill_store_bytes']}/{entry['spill_load_bytes']:<4} {entry['smem_kib']:>6} "
           f"{entry.get('units', ''):>5} {entry.get('non_tensor_per_element', ''):>15} "
           + " ".join(f"{per.get(name, ''):>6}" for name in CLASSES))

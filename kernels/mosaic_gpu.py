@@ -64,6 +64,9 @@ COMPUTE_WGS = 2  # the forward's compute warpgroups (a third issues the copies)
 TILES = BlockSizes(block_q=WG_ROWS * COMPUTE_WGS, block_k=64, block_q_dkv=64, block_k_dkv=64,
                    block_q_dq=64, block_k_dq=64)
 STAGES = 2  # SMEM stages of the K/V ring
+# o's second part (Version.two_part_output) is bf16 for fp16 inputs too: o - fp16(o) is about
+# 2^-11 |o| and falls into fp16's subnormals where |o| is below about 0.06
+O_LO_DTYPE = jnp.bfloat16
 DETECT_RACES = False  # the interpreter's race detector (tests turn it on)
 
 
@@ -82,13 +85,20 @@ class Version:
     testing each tile inside the loop, so a pruned tile costs no copy and no pipeline step.
   * ``two_part_output``: the forward run for a gradient multiplies V by P's rounding to the
     inputs' dtype and by its rounding residual (a third matmul per tile) and writes o as two parts,
-    o + o_lo; the backward reads the row term delta_i = dO_i . (o_i + o_lo_i) off them, as
-    exact as recomputing it from the tiles (row_term.py), so there is no row-term kernel: 7
-    matmul units per tile backward instead of 9, 3 forward (2 without a gradient).
+    o + o_lo (o_lo in bf16 whatever the inputs' dtype); the backward reads the row term
+    delta_i = dO_i . (o_i + o_lo_i) off them and the dQ kernel adds dS's row sums to dc, which
+    keeps d log f within a few times the recomputed row term's error (row_term.py), so there is
+    no row-term kernel: 7 matmul units per tile backward instead of 9, 3 forward (2 without a
+    gradient).
   * ``in_place_accumulators``: dQ, and dK and dV, accumulate in wgmma accumulators that live
     across the sweep (``_accumulate``) instead of a fresh one per tile added to a carried value:
-    no register copy of the product and no add per element, and the product is left in flight
-    while the next tile starts (the tile it reads is released a step later).
+    no register copy of the product and no add per element (the step waits for the last product
+    before its stage is refilled).
+  * ``hardware_only``: constructs JAX's Mosaic GPU interpreter cannot run (docs): wgmma's A
+    operand (P, its residual, dS) from registers instead of through SMEM (``_a_operands``), and
+    the forward's rescaled accumulator handed back to wgmma by ``ACC.init`` instead of a fresh
+    one added to it (``_rescaled_products``). No interpret mode: compiled ahead of time in CI,
+    its numerics checked only on a GPU (benchmarks/gpu_check.sh's first step).
   """
 
   name: str
@@ -97,12 +107,14 @@ class Version:
   pruned_bounds: bool
   two_part_output: bool
   in_place_accumulators: bool
+  hardware_only: bool = False
 
 
 V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False,
              two_part_output=False, in_place_accumulators=False)  # to compare
 V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True, two_part_output=True,
              in_place_accumulators=True)
+V2_HARDWARE = dataclasses.replace(V2, name="mosaic_gpu_hw", hardware_only=True)  # by name, until a GPU checks it
 
 
 def available():
@@ -183,15 +195,48 @@ def _matmul(a, b, shape):
 
 def _accumulate(acc, value, a, b):
   """value + a @ b, for a sweep's accumulator: with ``acc`` (an ACC ref that lives across the
-  sweep, ``_with_accumulators``) the wgmma adds into it in place and is left in flight, and
-  ``value`` stays None; without, the product goes through a fresh accumulator into ``value``. The
-  product in flight is waited for by the next tile's first product (reading an accumulator waits
-  for every wgmma before it), so the SMEM tiles it reads are rewritten only after that, and the
-  pipeline's tiles it reads are released a step late (``_from_block``'s ``delay_release``)."""
+  sweep, ``_with_accumulators``) the wgmma adds into it in place and is left in flight (the
+  step ends by waiting for it: ``_in_flight_done``), and ``value`` stays None; without, the
+  product goes through a fresh accumulator into ``value``."""
   if acc is None:
     return value + _matmul(a, b, value.shape)
   plgpu.wgmma(acc, a, b)
   return None
+
+
+def _in_flight_done(in_place, carry):
+  """``carry``, after waiting for every wgmma left in flight by ``_accumulate``: the pipeline
+  refills the step's stage (the K or Q tile the product reads) when the step returns, and the
+  next step rewrites the SMEM tiles it reads (dS, P^T). Waiting here, rather than releasing the
+  stage a step late, keeps the prefetch two tiles ahead; the next step's first product would
+  wait for it anyway. (Free where nothing is in flight: a step a branch skipped.)"""
+  if in_place:
+    plgpu.wgmma_wait(0)
+  return carry
+
+
+def _a_operands(values, version):
+  """wgmma's A operands from (float32 value, SMEM tile) pairs, in the tiles' dtype: in registers
+  on the hardware path, else stored to the tiles (one fence for them all), which are returned."""
+  if version.hardware_only:
+    return [value.astype(smem.dtype) for value, smem in values]
+  for value, smem in values:
+    smem[...] = value.astype(smem.dtype)
+  plgpu.commit_smem()
+  return [smem for _, smem in values]
+
+
+def _rescaled_products(acc, scale, pairs, version):
+  """acc times ``scale`` (a row vector) plus the sum of a @ b over ``pairs``: on the hardware path
+  wgmma adds into the rescaled acc itself (``ACC.init``), else into a fresh accumulator added to it."""
+  acc = acc * _across(scale, acc.shape, 0)
+  if not version.hardware_only:
+    return acc + _products(pairs, acc.shape)
+
+  def run(ref):
+    for a, b in pairs:
+      plgpu.wgmma(ref, a, b)
+  return pl.run_state(run)(plgpu.ACC.init(acc))
 
 
 def _with_accumulators(sweep, shapes, in_place):
@@ -303,18 +348,14 @@ def _query_range(first_key, keys, block, num_blocks, window):
   return first, end
 
 
-def _from_block(first, shape, transforms=(), delay_release=0):
-  """The spec of block j + ``first`` of a [T, ...] operand: a sweep that starts at block ``first``
-  (``delay_release`` 1: its SMEM stage is refilled a step later, for a wgmma left in flight)."""
-  return plgpu.BlockSpec(shape, lambda j: (j + first,) + (0,) * (len(shape) - 1), transforms=transforms,
-                         delay_release=delay_release)
+def _from_block(first, shape, transforms=()):
+  """The spec of block j + ``first`` of a [T, ...] operand: a sweep that starts at block ``first``."""
+  return plgpu.BlockSpec(shape, lambda j: (j + first,) + (0,) * (len(shape) - 1), transforms=transforms)
 
 
-def _key_specs(first, block, head_dim, tile, k_in_flight=False):
-  """K, V tiles and the columns' c hi, c lo and ids, from key block ``first`` on; with
-  ``k_in_flight``, K's stage released a step late."""
-  return ([_from_block(first, (block, head_dim), tile, delay_release=int(k_in_flight)),
-           _from_block(first, (block, head_dim), tile)] + [_from_block(first, (block,))] * 3)
+def _key_specs(first, block, head_dim, tile):
+  """K, V tiles and the columns' c hi, c lo and ids, from key block ``first`` on."""
+  return ([_from_block(first, (block, head_dim), tile)] * 2 + [_from_block(first, (block,))] * 3)
 
 
 def _kv_head(bh, heads, group):
@@ -339,7 +380,9 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
     q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, o_ref, *refs = refs
     o_lo_ref, lse_ref, *refs = refs if two_part else (None, *refs)
     q_s, o_s, p_s, *refs = refs
-    r_s, rows_s, lse_s, q_bar = refs if two_part else (None, *refs)
+    r_s, rows_s, lse_s, q_bar, *refs = refs if two_part else (None, *refs)
+    # o_lo goes out through Q's SMEM (its last product is done) where the two share a dtype
+    o_lo_s = (refs[0] if refs else q_s) if two_part else None
     bh, wg = lax.axis_index("bh"), lax.axis_index("wg")
     block = _launch_order(lax.axis_index("q"), seq_len // (COMPUTE_WGS * bq), version)
     cta_first = block * (COMPUTE_WGS * bq)
@@ -359,13 +402,13 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
       acc, m, l = run_pipeline(init)
       o = acc / _across(l, acc.shape, 0)  # every row sees itself: l >= 1
       o_s.at[wg][...] = o.astype(o_s.dtype)
-      if two_part:  # o's rounding residual, through q's SMEM (its last product is done)
-        q_s.at[wg][...] = (o - o.astype(o_s.dtype).astype(jnp.float32)).astype(q_s.dtype)
+      if two_part:  # o's rounding residual, in bf16 (see O_LO_DTYPE)
+        o_lo_s.at[wg][...] = (o - o.astype(o_s.dtype).astype(jnp.float32)).astype(O_LO_DTYPE)
       lse_s.at[wg][...] = m + jnp.log2(l)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_s.at[wg], o_ref.at[bh, rows])
       if two_part:
-        plgpu.copy_smem_to_gmem(q_s.at[wg], o_lo_ref.at[bh, rows])
+        plgpu.copy_smem_to_gmem(o_lo_s.at[wg], o_lo_ref.at[bh, rows])
       plgpu.copy_smem_to_gmem(lse_s.at[wg], lse_ref.at[bh, rows])
       plgpu.wait_smem_to_gmem(0)
 
@@ -381,14 +424,11 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with no key seen yet stay at zero
         p = jnp.exp2(s - _across(m_safe, s.shape, 0))
         alpha = jnp.exp2(m - m_safe)
-        p_s.at[wg][...] = p.astype(p_s.dtype)  # P through SMEM: wgmma's A operand
-        parts = [(p_s.at[wg], v_s)]
+        values = [(p, p_s.at[wg])]  # P: wgmma's A operand
         if two_part:  # and P's rounding residual, so that o + o_lo is P V to float32's precision
-          r_s.at[wg][...] = (p - p.astype(p_s.dtype).astype(jnp.float32)).astype(r_s.dtype)
-          parts.append((r_s.at[wg], v_s))
-        plgpu.commit_smem()
-        pv = _products(parts, (bq, head_dim))
-        return acc * _across(alpha, acc.shape, 0) + pv, m_new, l * alpha + p.sum(axis=1)
+          values.append((p - p.astype(p_s.dtype).astype(jnp.float32), r_s.at[wg]))
+        parts = [(a, v_s) for a in _a_operands(values, version)]
+        return _rescaled_products(acc, alpha, parts, version), m_new, l * alpha + p.sum(axis=1)
 
       # blocks wholly right of this warpgroup's diagonal, or left of its window, are skipped,
       # and so are those pruning may skip
@@ -406,15 +446,20 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
     )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
 
   o = jax.ShapeDtypeStruct(q.shape, q.dtype)
-  scratch = [plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q (and o_lo)
+  scratch = [plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q (and o_lo in bf16)
              plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile)]  # o
   scratch += [plgpu.SMEM((COMPUTE_WGS, bq, bk), q.dtype, transforms=p_tile)] * (1 + two_part)  # P (its residual)
   scratch += [plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, c lo, ids, threshold
               plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),  # lse
               plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)]
+  o_lo = ()
+  if two_part:
+    o_lo = (jax.ShapeDtypeStruct(q.shape, O_LO_DTYPE),)
+    if q.dtype != O_LO_DTYPE:  # fp16 inputs: o_lo has its own tile
+      scratch.append(plgpu.SMEM((COMPUTE_WGS, bq, head_dim), O_LO_DTYPE, transforms=_smem_tiles(head_dim, O_LO_DTYPE)))
   return plgpu.kernel(
       _named(body, "fwd_two_part" if two_part else "fwd"),
-      out_type=(o,) * (1 + two_part) + (jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32),),
+      out_type=(o, *o_lo, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
       scratch_types=scratch, grid=(bh_count, seq_len // (COMPUTE_WGS * bq)), grid_names=("bh", "q"),
       num_threads=COMPUTE_WGS + 1, thread_name="wg", interpret=interpret,
   )(q, k, v, c_hi, c_lo, seg, thr)
@@ -473,20 +518,19 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
           ds = p * (dp - _across(delta_rows, s.shape, 0))
           if row_sums:
             sums = sums + ds.sum(axis=1)
-          ds_s[...] = ds.astype(ds_s.dtype)
-          plgpu.commit_smem()
-          return _accumulate(dq_acc, dq, ds_s, k_s), sums
+          ds_operand, = _a_operands([(ds, ds_s)], version)
+          return _accumulate(dq_acc, dq, ds_operand, k_s), sums
 
         if starts:
-          return tile_update(carry)
+          return _in_flight_done(in_place, tile_update(carry))
         # the forward's tiles: the same skips
-        return _unless_pruned(prune, queries, keys, rows_s.at[5][0], tile_update, carry)
+        return _in_flight_done(in_place, _unless_pruned(prune, queries, keys, rows_s.at[5][0], tile_update, carry))
 
       vector = jnp.zeros((bq,), jnp.float32)
       init = vector if row_term else (None if in_place else jnp.zeros((bq, head_dim), jnp.float32), vector)
       result = plgpu.emit_pipeline(
           step, grid=(end - first,), max_concurrent_steps=STAGES, init_carry=init,
-          in_specs=_key_specs(first, bk, head_dim, tile, k_in_flight=in_place),
+          in_specs=_key_specs(first, bk, head_dim, tile),
       )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
       return (dq_acc[...], result[1]) if in_place else result
 
@@ -560,27 +604,23 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
         def tile_update(carry):
           dk, dv, dc = carry
           # masks on every tile, whatever the version: the interior branch costs this kernel spills
-          # at D = 128 (version 2: 255 registers and 68 B with it, 246 and none without;
+          # at D = 128 (version 2: 255 registers and 68 B with it, 251 and none without;
           # benchmarks/mosaic_gpu_static.py)
           s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, scale2, window)
           p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
-          p_s[...] = p_t.astype(p_s.dtype)
-          plgpu.commit_smem()
-          dv = _accumulate(dv_acc, dv, p_s, do_s)  # dV += P^T dO
+          p_operand, = _a_operands([(p_t, p_s)], version)
+          dv = _accumulate(dv_acc, dv, p_operand, do_s)  # dV += P^T dO
           dp_t = _matmul(v_s, do_s.T, (bk, bq))  # dP^T = V dO^T (reading it waits for dV's product)
           ds_t = p_t * (dp_t - _across(_rows(q_delta, 1), s_t.shape, 1))
-          ds_s[...] = ds_t.astype(ds_s.dtype)
-          plgpu.commit_smem()
-          return _accumulate(dk_acc, dk, ds_s, q_s), dv, dc - ds_t.sum(axis=1)  # dK += dS^T Q
+          ds_operand, = _a_operands([(ds_t, ds_s)], version)
+          return _accumulate(dk_acc, dk, ds_operand, q_s), dv, dc - ds_t.sum(axis=1)  # dK += dS^T Q
 
         if ends:
-          return tile_update(carry)
-        return _unless_pruned(prune, queries, keys, cols_s.at[3][0], tile_update, carry)
+          return _in_flight_done(in_place, tile_update(carry))
+        return _in_flight_done(in_place, _unless_pruned(prune, queries, keys, cols_s.at[3][0], tile_update, carry))
 
       zeros = None if in_place else jnp.zeros((bk, head_dim), jnp.float32)
-      # Q's stage is released a step late where dK's product on it is left in flight
-      specs = [_from_block(first, (bq, head_dim), tile, delay_release=int(in_place)),
-               _from_block(first, (bq, head_dim), tile)] + [_from_block(first, (bq,))] * 5
+      specs = [_from_block(first, (bq, head_dim), tile)] * 2 + [_from_block(first, (bq,))] * 5
       dk, dv, dc = plgpu.emit_pipeline(
           step, grid=(end - first,), max_concurrent_steps=STAGES, in_specs=specs,
           init_carry=(zeros, zeros, jnp.zeros((bk,), jnp.float32)),
@@ -715,9 +755,21 @@ def kernels_of(version):
   return GpuKernels(*(functools.partial(kernel, version) for kernel in kernels))
 
 
+def _runnable_check(version):
+  """check_runnable, and for the hardware path no interpret mode."""
+  def check(interpret):
+    if interpret and version.hardware_only:
+      raise ValueError(f"forgetting_attention: impl={version.name!r} uses what JAX's Mosaic GPU interpreter "
+                       f"cannot run (wgmma operands in registers, ACC.init): no interpret mode; use "
+                       f"impl='mosaic_gpu' there")
+    check_runnable(interpret)
+  return check
+
+
 def _register(version, priority):
-  attention = single_device(kernels_of(version), version.name, HEAD_DIMS, fit_block_sizes, check_runnable)
-  register_backend(Backend(version.name, attention, platforms=("gpu",), interpretable=True, head_dims=HEAD_DIMS,
+  attention = single_device(kernels_of(version), version.name, HEAD_DIMS, fit_block_sizes, _runnable_check(version))
+  register_backend(Backend(version.name, attention, platforms=("gpu",), interpretable=not version.hardware_only,
+                           head_dims=HEAD_DIMS,
                            dtypes=DTYPES, priority=priority, available=available,
                            suite_skips={"small_tiles": "tests/kernels/test_mosaic_gpu.py runs it at its own tiles, "
                                                        "on Python 3.12 / jax 0.11.2"}))
@@ -728,3 +780,4 @@ def _register(version, priority):
 # kept to compare the two (compile counts now, times when a GPU is lent).
 mosaic_gpu_attention = _register(V2, priority=10)
 _register(V1, priority=None)
+_register(V2_HARDWARE, priority=None)  # "auto" takes it only after gpu_check.sh has passed it on a GPU

@@ -22,17 +22,20 @@ inputs keep rowsum(o * dO), which is already consistent there.
 A backend may instead read delta off its output in two parts (``forward_two_part`` of vjp.py;
 impl="mosaic_gpu", version 2, which then needs no row-term kernel): its forward, when run for a
 gradient, multiplies V by P rounded to bf16 and by P's rounding residual (rounded to bf16 too: a
-third matrix product per tile), and writes o and o_lo = o32 - o rounded, two bf16 arrays whose
-sum is P V to about 2^-18 relative. delta_i = dO_i . (o_i + o_lo_i) is then off by about that
-much per row, which d log f would still sum over the sequence; so that backend's dQ kernel also
-sums each row of dS and adds it to dc (dc_t = sum_j dS_tj - sum_i dS_it: the row half is zero
-up to delta's error, and with it each row's error stays near its row instead of accumulating).
+third matrix product per tile), and writes o and o_lo = o32 - o rounded, whose sum is P V to
+about 2^-18 relative (each of the two roundings is at most 2^-16 of the element; o_lo is bf16
+for fp16 inputs too, whose exponent range would let it underflow where |o| is small). delta_i =
+dO_i . (o_i + o_lo_i) is then off by about that much per row, which d log f would still sum
+over the sequence; so that backend's dQ kernel also sums each row of dS and adds it to dc
+(dc_t = sum_j dS_tj - sum_i dS_it: the row half is zero up to delta's error, and with it each
+row's error stays near its row instead of accumulating).
 d log f, bf16, T = 512, f in [0.3, 1), against float64 (tests/kernels/test_mosaic_gpu.py, in
 JAX's Mosaic GPU interpreter): 9.4e-7 with the recomputed row term, 4.6e-6 two-part, 4.1e-3
 from the bf16 output with the rows' sums, 2.9e-2 without them (the official kernel's route);
 dq's own error there is 3.7e-3. Price: one more tile product in the forward run for a gradient
 (3 instead of 2; a forward without a gradient runs 2), none for the row term in the backward
-(7 instead of 9), o and o_lo kept as residuals (4 bytes per element, instead of none).
+(7 instead of 9), o and o_lo kept as residuals (4 bytes per element, instead of none). The
+output under a gradient (from the two-part product) and without one can differ by o's rounding.
 """
 
 import jax.numpy as jnp

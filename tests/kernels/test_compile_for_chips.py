@@ -54,7 +54,7 @@ def compiled(case, device):
 
 
 GPU_CASES = [aot.AttentionCase(impl, "bfloat16", head_dim, 2048, **FEATURES)
-             for impl in ("pallas", "triton", "mosaic_gpu") for head_dim in (64, 128)]
+             for impl in ("pallas", "triton", "mosaic_gpu", "mosaic_gpu_hw") for head_dim in (64, 128)]
 # the context-parallel ring's pair kernels, over two compile-only H100s
 GPU_CASES.append(aot.AttentionCase("pallas", "bfloat16", 128, 4096, context=2, **FEATURES))
 

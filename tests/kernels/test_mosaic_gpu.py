@@ -118,6 +118,16 @@ def test_the_row_term_read_off_the_two_part_output_keeps_d_log_f_exact(monkeypat
 
 
 @needs_interpreter
+def test_o_lo_is_bf16_for_fp16_inputs_where_o_is_small():
+  """o's second part is o - fp16(o), about 2^-11 |o|: in fp16 it would fall into the subnormals
+  where |o| is small (V scaled by 0.01 here), d log f 1.5e-5; in bf16 5.0e-7 (measured)."""
+  q, k, v, log_f, do = case(512, 1, 1, 64, "float16", gates=(0.99, 1.0))
+  v = np.asarray(jnp.asarray(v * 0.01, jnp.float16).astype(jnp.float32))
+  errors = relative_errors(run(q, k, v, log_f, do, "float16"), float64(q, k, v, log_f, do))
+  assert errors[4] < 3e-6, errors
+
+
+@needs_interpreter
 def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(monkeypatch):
   from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as interpreter
   q, k, v, log_f, do = case(128, 1, 1, 64, "bfloat16", seed=1, gates=(0.02, 0.4))
@@ -174,17 +184,19 @@ LOWERED = {
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name", LOWERED)
-def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name):
+@pytest.mark.parametrize("name, impl", [(name, "mosaic_gpu") for name in LOWERED]
+                         + [("bf16-D64-gqa2-segments-pruned", "mosaic_gpu_hw")])
+def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name, impl):
   """The Python half of Mosaic GPU's compile for sm_90 runs without a GPU (jax assumes 9.0):
   layout inference, wgmma's shape and transpose rules, the 227 KiB shared-memory budget, which
-  the interpreter does not check. (ptxas, registers and TMA descriptors still need a GPU.)"""
+  the interpreter does not check; for the hardware-only path too (register operands, ACC.init),
+  which the interpreter cannot run. (ptxas and registers: test_compile_for_chips.py.)"""
   seq_len, heads, kv_heads, head_dim, dtype, options = LOWERED[name]
   monkeypatch.setattr(mosaic_gpu, "on_gpu", lambda: True)
   segments = options.pop("segments", False)
 
   def loss(q, k, v, log_f, segment_ids=None):
-    o = forgetting_attention(q, k, v, log_f, impl="mosaic_gpu", segment_ids=segment_ids, **options)
+    o = forgetting_attention(q, k, v, log_f, impl=impl, segment_ids=segment_ids, **options)
     return jnp.sum(o.astype(jnp.float32))
   q = jax.ShapeDtypeStruct((1, seq_len, heads, head_dim), dtype)
   kv = jax.ShapeDtypeStruct((1, seq_len, kv_heads, head_dim), dtype)
@@ -196,14 +208,15 @@ def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name):
   assert len(kernels) == 3, kernels  # the two-part forward, dQ, dK/dV (no row-term kernel): each Mosaic GPU
 
 
-@pytest.mark.parametrize("dtype, head_dim, message", [
-    (jnp.float32, 64, "supports dtypes ('bfloat16', 'float16'), got float32"),
-    (jnp.bfloat16, 32, "supports head_dim in (64, 128), got 32"),
+@pytest.mark.parametrize("impl, dtype, head_dim, message", [
+    ("mosaic_gpu", jnp.float32, 64, "supports dtypes ('bfloat16', 'float16'), got float32"),
+    ("mosaic_gpu", jnp.bfloat16, 32, "supports head_dim in (64, 128), got 32"),
+    ("mosaic_gpu_hw", jnp.bfloat16, 64, "cannot run (wgmma operands in registers, ACC.init): no interpret mode"),
 ])
-def test_what_it_cannot_run_is_refused_in_one_line(dtype, head_dim, message):
+def test_what_it_cannot_run_is_refused_in_one_line(impl, dtype, head_dim, message):
   x = jnp.zeros((1, 128, 1, head_dim), dtype)
   with pytest.raises(ValueError) as error:
-    forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl="mosaic_gpu", interpret=True)
+    forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl=impl, interpret=True)
   assert message in str(error.value) and "\n" not in str(error.value)
 
 

@@ -5,7 +5,8 @@ warm-up), TFLOP/s with causal FLOP counts (forward 0.5 * 4 * B * H * T^2 * D, ba
 that), and the compiled executable's memory (XLA memory analysis: temporaries + arguments +
 outputs of forward+backward). Ratios between rows come from the same run.
 
-Candidates: lpcjax pallas / triton (jax-triton) / mosaic_gpu (Hopper) / xla / reference backends and "auto" (what
+Candidates: lpcjax pallas / triton (jax-triton) / mosaic_gpu (Hopper; mosaic_gpu_v1 its version 1,
+mosaic_gpu_hw its hardware-only path) / xla / reference backends and "auto" (what
 the backend table picks here); ``*_pruned``: the same kernel with ``prune_epsilon`` at its default
 (e^-10; the row also gives the share of 128 x 64 tiles the bound lets it skip on these gates, give
 them a timescale with --gate-timescales); ``cudnn_nobias``: cuDNN's flash attention through

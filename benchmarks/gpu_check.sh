@@ -2,7 +2,8 @@
 # One prepared GPU session, at most BUDGET seconds (default 530): what a user choosing a FoX kernel
 # asks, most important first, each step bounded by its own timeout and by what is left, its
 # JSON written row by row:
-#   1. check       the kernels compiled (pallas, triton, mosaic_gpu) against float64 at T up to
+#   1. check       the kernels compiled (pallas, triton, mosaic_gpu: versions 2 and 1 and the
+#                  hardware-only path mosaic_gpu_hw) against float64 at T up to
 #                  16k, pruning included (kernel_check.py)
 #   2. attn16k     forgetting attention fwd / fwd+bwd at T = 16k, D = 128: lpcjax's backends, the
 #                  cuDNN floor, JAX's Pallas flash attention without the gate (attention.py)
@@ -44,7 +45,8 @@ else
 fi
 deadline=${BUDGET:-$budget}  # seconds since the script began (bash SECONDS), setup included
 rows="--batch-tokens $tokens --model-dim $model_dim --iters $iters"
-lpcjax_impls="pallas triton mosaic_gpu mosaic_gpu_hw mosaic_gpu_v1 xla auto cudnn_nobias pallas_mha_nobias"
+# the floors right after the backends "auto" may pick, so that a step's cap cuts the comparisons last
+lpcjax_impls="pallas triton mosaic_gpu cudnn_nobias pallas_mha_nobias mosaic_gpu_hw mosaic_gpu_v1 xla auto"
 
 pack() {  # the results so far, whole, into $OUT (a timeout keeps every finished step)
   [ -n "${OUT:-}" ] || return 0

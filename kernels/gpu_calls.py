@@ -209,8 +209,8 @@ def pair_kernels(kernels, block_sizes, check):
   ``block_sizes(block_sizes, chunk_len, head_dim, dtype)``: the backend's fitted tiles for inputs
   of ``dtype``;
   ``check(interpret)``: raises if the kernels cannot run here (at trace time)."""
-  # a two-part backend's backward_dq returns dS's row sums too, which the ring does not take yet
-  assert kernels.forward_two_part is None, "pair kernels of a two-part backend"
+  if kernels.forward_two_part is not None:  # its backward_dq returns dS's row sums too, which the ring does not take
+    raise ValueError("pair_kernels: a backend with forward_two_part has no context-parallel path yet")
 
   def prepared(c_q, c_k, seg_q, seg_k, thr, offsets, sm_scale, sizes, window, interpret):
     check(interpret)

@@ -1,7 +1,8 @@
 """Forgetting attention for Hopper (sm_90) in Pallas Mosaic GPU: ``impl="mosaic_gpu"``.
 
-The GPU path JAX now maintains (Pallas' Triton lowering is deprecated): both matmuls of every
-tile on wgmma with operands in shared memory, tiles brought in by TMA bulk copies into a ring of
+The GPU path JAX now maintains (Pallas' Triton lowering is deprecated): every matmul of a tile
+on wgmma (operands in shared memory; on the hardware-only path, ``impl="mosaic_gpu_hw"``, P and
+dS from registers), tiles brought in by TMA bulk copies into a ring of
 SMEM stages completed on mbarriers, and, in the forward, warpgroup specialization: one memory
 warpgroup issues the K/V/c copies while two compute warpgroups (64 query rows each, 128 per CTA)
 run the online softmax. docs/kernels_mosaic_gpu.md has the design, the budgets and the limits.
@@ -26,7 +27,9 @@ Two versions from this one source (``Version``): ``impl="mosaic_gpu"`` is versio
 tiles skip the masks; pruning moves the backward's bounds; no row-term kernel, the forward run
 for a gradient writing o in two parts; dQ, dK and dV accumulated in place across their sweeps),
 ``impl="mosaic_gpu_v1"`` version 1, kept by name to compare until a GPU times both
-(benchmarks/mosaic_gpu_static.py compares their compiled code now).
+(benchmarks/mosaic_gpu_static.py compares their compiled code now), and ``impl="mosaic_gpu_hw"``
+version 2 with what only the hardware runs (``Version.hardware_only``), by name until a GPU has
+checked it.
 
 Not yet: the context-parallel ring (no pair kernels), float32 inputs (wgmma has no
 full-precision float32), head dims other than 64 and 128. On one device the kernels read heads-major copies
@@ -134,20 +137,25 @@ def on_gpu():
 MISCOMPILING_PTXAS = ((12, 8, 0), (12, 9, 86))
 
 
-def check_runnable(interpret):
+def check_runnable(interpret, version=V2):
+  if interpret and version.hardware_only:
+    raise ValueError(f"forgetting_attention: impl={version.name!r} uses what JAX's Mosaic GPU interpreter "
+                     f"cannot run (wgmma operands in registers, ACC.init): no interpret mode; use "
+                     f"impl='mosaic_gpu' there")
   if interpret:
     return
   if not on_gpu():
-    raise ValueError("forgetting_attention: impl='mosaic_gpu' needs a Hopper GPU; on CPU pass "
-                     "interpret=True (slow, for tests, jax >= 0.11.2) or use impl='xla'")
+    on_cpu = "use impl='xla'" if version.hardware_only else (
+        "pass interpret=True (slow, for tests, jax >= 0.11.2) or use impl='xla'")
+    raise ValueError(f"forgetting_attention: impl={version.name!r} needs a Hopper GPU; on CPU {on_cpu}")
   capability = compute_capability()
   if capability is not None and not capability.startswith("9."):
-    raise ValueError(f"forgetting_attention: impl='mosaic_gpu' runs on Hopper (sm_90: wgmma, TMA); this GPU "
+    raise ValueError(f"forgetting_attention: impl={version.name!r} runs on Hopper (sm_90: wgmma, TMA); this GPU "
                      f"is sm_{capability.replace('.', '')}: use impl='pallas'")
-  version = ptxas_version()
-  if version is not None and MISCOMPILING_PTXAS[0] <= version < MISCOMPILING_PTXAS[1]:
-    raise ValueError(f"forgetting_attention: impl='mosaic_gpu' is refused with ptxas "
-                     f"{'.'.join(map(str, version))}, which miscompiles causal masks (CUDA 12.8.0 to 12.9.0); "
+  ptxas = ptxas_version()
+  if ptxas is not None and MISCOMPILING_PTXAS[0] <= ptxas < MISCOMPILING_PTXAS[1]:
+    raise ValueError(f"forgetting_attention: impl={version.name!r} is refused with ptxas "
+                     f"{'.'.join(map(str, ptxas))}, which miscompiles causal masks (CUDA 12.8.0 to 12.9.0); "
                      f"install nvidia-cuda-nvcc-cu12>=12.9.86 or use impl='pallas'")
 
 
@@ -755,19 +763,9 @@ def kernels_of(version):
   return GpuKernels(*(functools.partial(kernel, version) for kernel in kernels))
 
 
-def _runnable_check(version):
-  """check_runnable, and for the hardware path no interpret mode."""
-  def check(interpret):
-    if interpret and version.hardware_only:
-      raise ValueError(f"forgetting_attention: impl={version.name!r} uses what JAX's Mosaic GPU interpreter "
-                       f"cannot run (wgmma operands in registers, ACC.init): no interpret mode; use "
-                       f"impl='mosaic_gpu' there")
-    check_runnable(interpret)
-  return check
-
-
 def _register(version, priority):
-  attention = single_device(kernels_of(version), version.name, HEAD_DIMS, fit_block_sizes, _runnable_check(version))
+  attention = single_device(kernels_of(version), version.name, HEAD_DIMS, fit_block_sizes,
+                            functools.partial(check_runnable, version=version))
   register_backend(Backend(version.name, attention, platforms=("gpu",), interpretable=not version.hardware_only,
                            head_dims=HEAD_DIMS,
                            dtypes=DTYPES, priority=priority, available=available,

@@ -21,10 +21,12 @@ inputs keep rowsum(o * dO), which is already consistent there.
 
 A backend may instead read delta off its output in two parts (``forward_two_part`` of vjp.py;
 impl="mosaic_gpu", version 2, which then needs no row-term kernel): its forward, when run for a
-gradient, multiplies V by P rounded to bf16 and by P's rounding residual (rounded to bf16 too: a
-third matrix product per tile), and writes o and o_lo = o32 - o rounded, whose sum is P V to
-about 2^-18 relative (each of the two roundings is at most 2^-16 of the element; o_lo is bf16
-for fp16 inputs too, whose exponent range would let it underflow where |o| is small). delta_i =
+gradient, multiplies V by P rounded to the inputs' dtype and by P's rounding residual (rounded
+too: a third matrix product per tile; wgmma takes both operands in one dtype), and writes o and
+o_lo = o32 - o rounded, whose sum is P V to about 2^-18 relative in bf16 (each of the two
+roundings is at most 2^-16 of its element; in fp16 the residual of a weight below 2^-3 is
+subnormal, an absolute error below 2^-25 of the row's largest weight, 1). o_lo is bf16 for fp16
+inputs too, whose exponent range would let it underflow where |o| is small. delta_i =
 dO_i . (o_i + o_lo_i) is then off by about that much per row, which d log f would still sum
 over the sequence; so that backend's dQ kernel also sums each row of dS and adds it to dc
 (dc_t = sum_j dS_tj - sum_i dS_it: the row half is zero up to delta's error, and with it each

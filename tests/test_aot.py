@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lpcjax.aot import TargetError, compile_only_devices, parse_target
-from lpcjax.aot.compiler_reports import sass_mix, tpu_reports
+from lpcjax.aot.compiler_reports import ptxas_warnings, sass_mix, tpu_reports
 from lpcjax.aot.targets import GPU_CHIPS, gpu_target_config
 from lpcjax.kernels import block_sizes, mosaic_gpu, target
 
@@ -73,6 +73,18 @@ def test_the_instruction_mix_counts_the_tensor_core_loop_only():
   and its matmul in 64 x 64 x 128 units (one 64 x 64 x 16 HGMMA: 1/8)."""
   assert sass_mix(SASS) == [{"total": 5, "units": 0.125, "tensor": 1, "mufu": 1, "fp32": 1, "spill": 1,
                              "control": 1}]
+
+
+def test_a_kernels_ptxas_warnings_are_its_own():
+  stderr = ("ptxas info    : Compiling entry function 'dq_kernel' for 'sm_90a'\n"
+            "ptxas /tmp/k.ptx, line 9; warning : Potential Performance Loss: wgmma.mma_async instructions are "
+            "serialized due to the presence of Extern calls in the function 'dq_kernel'.\n"
+            "ptxas /tmp/k.ptx, line 99; warning : Potential Performance Loss: wgmma.mma_async instructions are "
+            "serialized due to insufficient register resources for the wgmma pipeline in the function 'fwd'.\n"
+            "ptxas warning : Unresolved extern function\n")
+  found = ptxas_warnings(stderr, "dq_kernel")  # its own and the module's, not fwd's
+  assert len(found) == 2 and "'dq_kernel'" in found[0] and found[1] == "ptxas warning : Unresolved extern function"
+  assert ptxas_warnings("ptxas info    : Used 90 registers\n", "dq_kernel") == []
 
 
 def test_tpu_kernels_are_named_and_their_vmem_read():

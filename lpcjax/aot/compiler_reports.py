@@ -42,7 +42,8 @@ class KernelReport:
   """One compiled kernel: ``name`` (the kernel's own: the pallas_call's or Mosaic GPU body's),
   ``compiler`` ("xla-triton", "mosaic-gpu", "jax-triton", "mosaic-tpu"); GPU: registers, spill
   bytes, shared memory, barriers (and Mosaic GPU's mbarriers), threads per block, ``loops`` (the
-  instruction mix of each loop that holds tensor-core instructions, ``sass_mix``); TPU:
+  instruction mix of each loop that holds tensor-core instructions, ``sass_mix``),
+  ``ptxas_warnings`` (ptxas's warnings about it, e.g. wgmma serialized; empty: none); TPU:
   ``vmem_bytes``."""
 
   name: str
@@ -55,6 +56,7 @@ class KernelReport:
   mbarriers: Optional[int] = None  # Mosaic GPU's shared-memory mbarriers
   threads: Optional[int] = None
   loops: Optional[list] = None
+  ptxas_warnings: Optional[list] = None
   vmem_bytes: Optional[int] = None
 
   def as_dict(self):
@@ -136,8 +138,17 @@ class Toolchain:
     resources = {"registers": number(r"Used (\d+) registers"),
                  "spill_store_bytes": number(r"(\d+) bytes spill stores"),
                  "spill_load_bytes": number(r"(\d+) bytes spill loads"),
-                 "barriers": int(barriers.group(1)) if barriers else 0}
+                 "barriers": int(barriers.group(1)) if barriers else 0,
+                 "ptxas_warnings": ptxas_warnings(run.stderr, entry)}
     return resources, sass
+
+
+def ptxas_warnings(stderr, entry):
+  """ptxas's warnings about kernel ``entry``: those naming it, or naming no function (ptxas names
+  the function of a per-function one, e.g. "wgmma.mma_async instructions are serialized due to
+  ... in the function 'NAME'")."""
+  return [line.strip() for line in stderr.splitlines()
+          if "warning" in line and (f"'{entry}'" in line or "function '" not in line)]
 
 
 # ----------------------------------------------------------------------------- SASS

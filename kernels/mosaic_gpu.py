@@ -164,7 +164,7 @@ def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None):
   are refused in one line."""
   del seq_len, head_dim, dtype
   if block_sizes is not None and block_sizes.fitted(1 << 30) != TILES.fitted(1 << 30):
-    raise ValueError(f"forgetting_attention: impl='mosaic_gpu' runs fixed tiles {TILES}; got {block_sizes}")
+    raise ValueError(f"forgetting_attention: the Mosaic GPU kernels run fixed tiles {TILES}; got {block_sizes}")
   return TILES
 
 
@@ -188,8 +188,8 @@ def _smem_tiles(columns, dtype):
 
 
 def _products(pairs, shape):
-  """sum of a @ b over ``pairs`` of SMEM operands (b may be a transposed view), accumulated by
-  wgmma in one fresh float32 accumulator."""
+  """sum of a @ b over ``pairs`` (b an SMEM operand, maybe a transposed view; a in SMEM, or in
+  registers on the hardware path), accumulated by wgmma in one fresh float32 accumulator."""
   def run(acc):
     for a, b in pairs:
       plgpu.wgmma(acc, a, b)

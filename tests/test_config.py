@@ -180,5 +180,3 @@ def test_the_backend_names_known_before_jax_are_the_tables():
   own = {"auto"} | {name for name in available_impls() if name != "auto"
                     and source_of(name)["module"].startswith("lpcjax.kernels.")}
   assert own == set(BUILT_IN)
-
-

@@ -168,10 +168,11 @@ def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None):
   return TILES
 
 
-def _named(body, kernel):
-  """``body`` named forgetting_attention_mgpu_<kernel>: the name its compiled kernel, its
-  compiler dumps (MOSAIC_GPU_DUMP_TO) and a profile show."""
-  body.__name__ = body.__qualname__ = f"forgetting_attention_mgpu_{kernel}"
+def _named(body, kernel, version):
+  """``body`` named forgetting_attention_mgpu_<kernel> (with "_hw" on the hardware-only path):
+  the name its compiled kernel, its compiler dumps (MOSAIC_GPU_DUMP_TO) and a profile show."""
+  suffix = "_hw" if version.hardware_only else ""
+  body.__name__ = body.__qualname__ = f"forgetting_attention_mgpu_{kernel}{suffix}"
   return body
 
 
@@ -223,15 +224,22 @@ def _in_flight_done(in_place, carry):
   return carry
 
 
-def _a_operands(values, version):
-  """wgmma's A operands from (float32 value, SMEM tile) pairs, in the tiles' dtype: in registers
-  on the hardware path, else stored to the tiles (one fence for them all), which are returned."""
-  if version.hardware_only:
-    return [value.astype(smem.dtype) for value, smem in values]
-  for value, smem in values:
-    smem[...] = value.astype(smem.dtype)
+def _operand_tiles(version, shape, dtype, transforms, count=1):
+  """SMEM tiles for ``count`` of wgmma's A operands (``_a_operands``): none on the hardware path,
+  whose A operands stay in registers."""
+  return [] if version.hardware_only else [plgpu.SMEM(shape, dtype, transforms=transforms)] * count
+
+
+def _a_operands(values, dtype, tiles):
+  """wgmma's A operands from float32 ``values``, in ``dtype``: stored to ``tiles`` (one fence for
+  them all), which are returned; with no tiles (``_operand_tiles`` on the hardware path), in
+  registers."""
+  if not tiles:
+    return [value.astype(dtype) for value in values]
+  for value, tile in zip(values, tiles, strict=True):
+    tile[...] = value.astype(tile.dtype)
   plgpu.commit_smem()
-  return [smem for _, smem in values]
+  return list(tiles)
 
 
 def _rescaled_products(acc, scale, pairs, version):
@@ -383,14 +391,14 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
   bh_count, seq_len, head_dim = q.shape
   bq, bk = WG_ROWS, TILES.block_k
   tile, p_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
+  own_o_lo_tile = two_part and q.dtype != O_LO_DTYPE
 
   def body(*refs):
     q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, o_ref, *refs = refs
     o_lo_ref, lse_ref, *refs = refs if two_part else (None, *refs)
-    q_s, o_s, p_s, *refs = refs
-    r_s, rows_s, lse_s, q_bar, *refs = refs if two_part else (None, *refs)
+    q_s, o_s, rows_s, lse_s, q_bar, *refs = refs
     # o_lo goes out through Q's SMEM (its last product is done) where the two share a dtype
-    o_lo_s = (refs[0] if refs else q_s) if two_part else None
+    o_lo_s, *p_tiles = refs if own_o_lo_tile else (q_s if two_part else None, *refs)
     bh, wg = lax.axis_index("bh"), lax.axis_index("wg")
     block = _launch_order(lax.axis_index("q"), seq_len // (COMPUTE_WGS * bq), version)
     cta_first = block * (COMPUTE_WGS * bq)
@@ -432,10 +440,10 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with no key seen yet stay at zero
         p = jnp.exp2(s - _across(m_safe, s.shape, 0))
         alpha = jnp.exp2(m - m_safe)
-        values = [(p, p_s.at[wg])]  # P: wgmma's A operand
+        values = [p]  # P: wgmma's A operand
         if two_part:  # and P's rounding residual, so that o + o_lo is P V to float32's precision
-          values.append((p - p.astype(p_s.dtype).astype(jnp.float32), r_s.at[wg]))
-        parts = [(a, v_s) for a in _a_operands(values, version)]
+          values.append(p - p.astype(q.dtype).astype(jnp.float32))
+        parts = [(a, v_s) for a in _a_operands(values, q.dtype, [tile.at[wg] for tile in p_tiles])]
         return _rescaled_products(acc, alpha, parts, version), m_new, l * alpha + p.sum(axis=1)
 
       # blocks wholly right of this warpgroup's diagonal, or left of its window, are skipped,
@@ -455,18 +463,16 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
 
   o = jax.ShapeDtypeStruct(q.shape, q.dtype)
   scratch = [plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q (and o_lo in bf16)
-             plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile)]  # o
-  scratch += [plgpu.SMEM((COMPUTE_WGS, bq, bk), q.dtype, transforms=p_tile)] * (1 + two_part)  # P (its residual)
-  scratch += [plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, c lo, ids, threshold
-              plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),  # lse
-              plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)]
-  o_lo = ()
-  if two_part:
-    o_lo = (jax.ShapeDtypeStruct(q.shape, O_LO_DTYPE),)
-    if q.dtype != O_LO_DTYPE:  # fp16 inputs: o_lo has its own tile
-      scratch.append(plgpu.SMEM((COMPUTE_WGS, bq, head_dim), O_LO_DTYPE, transforms=_smem_tiles(head_dim, O_LO_DTYPE)))
+             plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # o
+             plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, c lo, ids, threshold
+             plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),  # lse
+             plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)]
+  o_lo = (jax.ShapeDtypeStruct(q.shape, O_LO_DTYPE),) if two_part else ()
+  if own_o_lo_tile:  # fp16 inputs: o_lo has its own tile
+    scratch.append(plgpu.SMEM((COMPUTE_WGS, bq, head_dim), O_LO_DTYPE, transforms=_smem_tiles(head_dim, O_LO_DTYPE)))
+  scratch += _operand_tiles(version, (COMPUTE_WGS, bq, bk), q.dtype, p_tile, count=1 + two_part)  # P (its residual)
   return plgpu.kernel(
-      _named(body, "fwd_two_part" if two_part else "fwd"),
+      _named(body, "fwd_two_part" if two_part else "fwd", version),
       out_type=(o, *o_lo, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
       scratch_types=scratch, grid=(bh_count, seq_len // (COMPUTE_WGS * bq)), grid_names=("bh", "q"),
       num_threads=COMPUTE_WGS + 1, thread_name="wg", interpret=interpret,
@@ -493,8 +499,8 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
     q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref = refs[:10]
     vector_refs = (hi_ref, lo_ref, seg_ref, lse_ref, delta_ref, thr_ref, *refs[10:len(inputs)])
     out_ref, *refs = refs[len(inputs):]
-    sums_ref, q_s, do_s, rows_s, ds_s, out_s, *refs = refs if row_sums else (None, *refs)
-    sums_s, bar = refs if row_sums else (None, *refs)
+    sums_ref, q_s, do_s, rows_s, out_s, *refs = refs if row_sums else (None, *refs)
+    sums_s, bar, *ds_tiles = refs if row_sums else (None, *refs)
     bh, block = lax.axis_index("bh"), _launch_order(lax.axis_index("q"), seq_len // bq, version)
     row0 = block * bq
     rows = pl.ds(row0, bq)
@@ -526,7 +532,7 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
           ds = p * (dp - _across(delta_rows, s.shape, 0))
           if row_sums:
             sums = sums + ds.sum(axis=1)
-          ds_operand, = _a_operands([(ds, ds_s)], version)
+          ds_operand, = _a_operands([ds], q.dtype, ds_tiles)
           return _accumulate(dq_acc, dq, ds_operand, k_s), sums
 
         if starts:
@@ -560,14 +566,14 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
   out_smem = plgpu.SMEM((bq,), jnp.float32) if row_term else plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile)
   vectors = 6 + len(starts)
   return plgpu.kernel(
-      _named(body, "row_term" if row_term else "dq"), out_type=(out, vector) if row_sums else out,
+      _named(body, "row_term" if row_term else "dq", version), out_type=(out, vector) if row_sums else out,
       scratch_types=[plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # q
                      plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # dO
                      # the rows' c hi, c lo, ids, lse, delta, threshold (and first key block)
                      plgpu.SMEM((vectors, bq), jnp.float32),
-                     plgpu.SMEM((bq, bk), q.dtype, transforms=ds_tile),  # dS
                      out_smem] + [plgpu.SMEM((bq,), jnp.float32)] * row_sums  # (the rows' sums of dS)
-                    + [plgpu.Barrier(num_arrivals=2 + vectors)],
+                    + [plgpu.Barrier(num_arrivals=2 + vectors)]
+                    + ([] if row_term else _operand_tiles(version, (bq, bk), q.dtype, ds_tile)),  # dS
       grid=(bh_count, seq_len // bq), grid_names=("bh", "q"), interpret=interpret,
   )(*inputs)
 
@@ -587,7 +593,8 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
   def body(*refs):
     q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref = refs[:10]
     vector_refs = (hi_ref, lo_ref, seg_ref, thr_ref, *refs[10:len(inputs)])
-    dk_ref, dv_ref, dc_ref, k_s, v_s, cols_s, p_s, ds_s, out_s, dc_s, bar = refs[len(inputs):]
+    dk_ref, dv_ref, dc_ref, k_s, v_s, cols_s, out_s, dc_s, bar, *a_tiles = refs[len(inputs):]
+    p_tiles, ds_tiles = a_tiles[:1], a_tiles[1:]
     bh, block = lax.axis_index("bh"), lax.axis_index("k")
     k0 = block * bk
     cols = pl.ds(k0, bk)
@@ -616,11 +623,11 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
           # benchmarks/mosaic_gpu_static.py)
           s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, scale2, window)
           p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
-          p_operand, = _a_operands([(p_t, p_s)], version)
+          p_operand, = _a_operands([p_t], q.dtype, p_tiles)
           dv = _accumulate(dv_acc, dv, p_operand, do_s)  # dV += P^T dO
           dp_t = _matmul(v_s, do_s.T, (bk, bq))  # dP^T = V dO^T (reading it waits for dV's product)
           ds_t = p_t * (dp_t - _across(_rows(q_delta, 1), s_t.shape, 1))
-          ds_operand, = _a_operands([(ds_t, ds_s)], version)
+          ds_operand, = _a_operands([ds_t], q.dtype, ds_tiles)
           return _accumulate(dk_acc, dk, ds_operand, q_s), dv, dc - ds_t.sum(axis=1)  # dK += dS^T Q
 
         if ends:
@@ -647,16 +654,16 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
 
   share = jax.ShapeDtypeStruct(q.shape, share_dtype)
   return plgpu.kernel(
-      _named(body, "dkv"), out_type=(share, share, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
+      _named(body, "dkv", version),
+      out_type=(share, share, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
       scratch_types=[plgpu.SMEM((bk, head_dim), k.dtype, transforms=tile),  # k
                      plgpu.SMEM((bk, head_dim), v.dtype, transforms=tile),  # v
                      # the columns' c hi, c lo, ids, threshold (and end query block)
                      plgpu.SMEM((4 + len(ends), bk), jnp.float32),
-                     plgpu.SMEM((bk, bq), q.dtype, transforms=t_tile),  # P^T
-                     plgpu.SMEM((bk, bq), q.dtype, transforms=t_tile),  # dS^T
                      plgpu.SMEM((2, bk, head_dim), share_dtype, transforms=out_tile),  # dK, dV
                      plgpu.SMEM((bk,), jnp.float32),  # dc
-                     plgpu.Barrier(num_arrivals=6 + len(ends))],
+                     plgpu.Barrier(num_arrivals=6 + len(ends))]
+                    + _operand_tiles(version, (bk, bq), q.dtype, t_tile, count=2),  # P^T, dS^T
       grid=(bh_count, seq_len // bk), grid_names=("bh", "k"), interpret=interpret,
   )(*inputs)
 

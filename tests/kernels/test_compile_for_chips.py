@@ -12,6 +12,7 @@ Runs where the compilers are installed (``pip install "lpcjax[aot]"``: CI's Pyth
 elsewhere each test skips in one line.
 """
 
+import functools
 import importlib.util
 
 import pytest
@@ -53,6 +54,12 @@ def compiled(case, device):
   return {kernel["name"]: kernel for kernel in row["kernels"]}
 
 
+@functools.lru_cache(maxsize=None)
+def compiled_on(case, target):
+  """``compiled`` for ``target``'s compile-only devices, once per case and target in a process."""
+  return compiled(case, compile_only_devices(target))
+
+
 GPU_CASES = [aot.AttentionCase(impl, "bfloat16", head_dim, 2048, **FEATURES)
              for impl in ("pallas", "triton", "mosaic_gpu", "mosaic_gpu_hw") for head_dim in (64, 128)]
 # the context-parallel ring's pair kernels, over two compile-only H100s
@@ -68,7 +75,7 @@ def test_forward_and_backward_compile_for_hopper(case):
   accumulators moved in place, docs/kernels_mosaic_gpu.md)."""
   if case.impl == "triton":
     pytest.importorskip("jax_triton")
-  kernels = compiled(case, compile_only_devices(f"h100x{case.context}" if case.context > 1 else "h100"))
+  kernels = compiled_on(case, f"h100x{case.context}" if case.context > 1 else "h100")
   assert len(kernels) == 4, sorted(kernels)
   for name, kernel in kernels.items():
     assert kernel.get("smem_bytes") is None or kernel["smem_bytes"] <= SMEM_PER_BLOCK, (name, kernel)
@@ -78,6 +85,23 @@ def test_forward_and_backward_compile_for_hopper(case):
   assert not spills, spills
   warned = {name: k["ptxas_warnings"] for name, k in kernels.items() if k.get("ptxas_warnings")}
   assert not warned, warned  # e.g. wgmma serialized (register operands ptxas cannot keep in flight)
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_hardware_path_keeps_its_a_operands_out_of_shared_memory(head_dim):
+  """mosaic_gpu_hw's kernels are version 2's (same cases as above, cached) less exactly the SMEM
+  tiles of the A operands it keeps in registers: P (and P's residual) in the forward, dS in dQ,
+  P^T and dS^T in dK/dV, 64 x 64 bf16 each (8 KiB; the forward's per compute warpgroup), and
+  named with "_hw" so that a profile tells them apart."""
+  tile = 64 * 64 * 2
+  saved = {"fwd": 2 * tile, "fwd_two_part": 4 * tile, "dq": tile, "dkv": 2 * tile}
+  v2, hw = (compiled_on(aot.AttentionCase(impl, "bfloat16", head_dim, 2048, **FEATURES), "h100")
+            for impl in ("mosaic_gpu", "mosaic_gpu_hw"))
+  prefix = "forgetting_attention_mgpu_"
+  assert sorted(hw) == sorted(f"{prefix}{kernel}_hw" for kernel in saved), sorted(hw)
+  for kernel, smem in saved.items():
+    assert v2[prefix + kernel]["smem_bytes"] - hw[f"{prefix}{kernel}_hw"]["smem_bytes"] == smem, kernel
 
 
 @needs_tpu_compiler

@@ -206,6 +206,9 @@ def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name, 
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(*args).lower(lowering_platforms=("cuda",))
   kernels = re.findall(r"custom_call @(mosaic_gpu\w*)", lowered.as_text())
   assert len(kernels) == 3, kernels  # the two-part forward, dQ, dK/dV (no row-term kernel): each Mosaic GPU
+  names = set(re.findall(r"forgetting_attention_mgpu_(fwd_two_part|dq|dkv)(_hw)?_mosaic_gpu", lowered.as_text()))
+  suffix = "_hw" if impl == "mosaic_gpu_hw" else ""  # a profile tells the hardware path's kernels apart
+  assert names == {(kernel, suffix) for kernel in ("fwd_two_part", "dq", "dkv")}, names
 
 
 @pytest.mark.parametrize("impl, dtype, head_dim, message", [

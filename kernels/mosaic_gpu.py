@@ -457,7 +457,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
         values = [p]  # P: wgmma's A operand
         if two_part:  # and P's rounding residual, so that o + o_lo is P V to float32's precision
           values.append(p - p.astype(q.dtype).astype(jnp.float32))
-        parts = [(a, v_s) for a in _a_operands(values, q.dtype, [tile.at[wg] for tile in p_tiles])]
+        parts = [(a, v_s) for a in _a_operands(values, q.dtype, [ref.at[wg] for ref in p_tiles])]
         return _rescaled_products(acc, alpha, parts, version), m_new, l * alpha + p.sum(axis=1)
 
       # blocks wholly right of this warpgroup's diagonal, or left of its window, are skipped,

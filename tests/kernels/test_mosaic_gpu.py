@@ -184,8 +184,7 @@ LOWERED = {
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name, impl", [(name, "mosaic_gpu") for name in LOWERED]
-                         + [("bf16-D64-gqa2-segments-pruned", "mosaic_gpu_hw")])
+@pytest.mark.parametrize("name, impl", [(name, impl) for name in LOWERED for impl in ("mosaic_gpu", "mosaic_gpu_hw")])
 def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name, impl):
   """The Python half of Mosaic GPU's compile for sm_90 runs without a GPU (jax assumes 9.0):
   layout inference, wgmma's shape and transpose rules, the 227 KiB shared-memory budget, which
@@ -193,6 +192,7 @@ def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name, 
   which the interpreter cannot run. (ptxas and registers: test_compile_for_chips.py.)"""
   seq_len, heads, kv_heads, head_dim, dtype, options = LOWERED[name]
   monkeypatch.setattr(mosaic_gpu, "on_gpu", lambda: True)
+  options = dict(options)  # LOWERED's own stays as it is for the next case
   segments = options.pop("segments", False)
 
   def loss(q, k, v, log_f, segment_ids=None):

@@ -1,6 +1,6 @@
 """The static measure of the Mosaic GPU kernels (issue #66): version 1 (``impl="mosaic_gpu_v1"``),
 version 2 (``impl="mosaic_gpu"``), its hardware-only path (``impl="mosaic_gpu_hw"``: register
-operands, ACC.init) and JAX's own Hopper attention (``attention_mgpu``: no gate,
+operands without SMEM tiles, ACC.init, approx_math) and JAX's own Hopper attention (``attention_mgpu``: no gate,
 non-causal, the floor), compiled for an H100 (sm_90a) on a CPU machine, read from ptxas and the
 SASS (lpcjax.aot.compiler_reports). Compiler counts, not speeds: what a GPU will time is
 benchmarks/gpu_check.sh's.

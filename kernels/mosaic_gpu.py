@@ -106,10 +106,11 @@ class Version:
     first step).
   * ``approx_math`` (Mosaic GPU's compiler option): exp2 and log2 as the bare MUFU instructions
     (``ex2.approx.ftz``, ``lg2.approx.ftz``), without the denormal handling ptxas adds to the
-    default lowering's ``ex2.approx.f32`` (three instructions per element): about 90-160 fewer
-    instructions per trip of each tile loop at D = 128 (docs). What changes: weights below 2^-126 of their row's largest
-    become 0, lse is within about 2^-22. On the hardware path only, as JAX's interpreter
-    computes both exactly: only a GPU shows the difference.
+    default lowering's ``ex2.approx.f32`` (three instructions per element): 96 to 156 fewer
+    instructions per trip of each tile loop at D = 128 (docs). What changes: a weight below 2^-126
+    of its row's running maximum (forward) or of 2^lse (backward) becomes 0, and lse is within
+    about 2^-22. On the hardware path only, as JAX's interpreter computes both exactly: only a
+    GPU shows the difference.
   """
 
   name: str
@@ -741,16 +742,11 @@ def _prepared(q, k, v, ops, static, version):
   return shapes, (_heads_major(q), _heads_major(k), _heads_major(v)) + vectors, options
 
 
-def _forward(version, q, k, v, ops, static):
+def _forward(version, q, k, v, ops, static, two_part=False):
+  """(o, lse2), or with ``two_part`` (o, o_lo, lse2): ``_forward_call``'s outputs in the caller's layouts."""
   shapes, operands, options = _prepared(q, k, v, ops, static, version)
-  o, lse2 = _forward_call(*operands, **options)
-  return _seq_major(o, shapes.batch), lse2.reshape(shapes.batch, shapes.heads, -1)
-
-
-def _forward_two_part(version, q, k, v, ops, static):
-  shapes, operands, options = _prepared(q, k, v, ops, static, version)
-  o, o_lo, lse2 = _forward_call(*operands, two_part=True, **options)
-  return _seq_major(o, shapes.batch), _seq_major(o_lo, shapes.batch), lse2.reshape(shapes.batch, shapes.heads, -1)
+  *outputs, lse2 = _forward_call(*operands, two_part=two_part, **options)
+  return (*(_seq_major(x, shapes.batch) for x in outputs), lse2.reshape(shapes.batch, shapes.heads, -1))
 
 
 def _row_term(version, q, k, v, ops, do, lse2, static):
@@ -782,9 +778,11 @@ def _backward_dkv(version, q, k, v, ops, do, lse2, delta, static):
 
 def kernels_of(version):
   """The ``GpuKernels`` of one version."""
-  kernels = (_forward, _row_term, _backward_dq, _backward_dkv)
-  kernels += (_forward_two_part,) if version.two_part_output else ()
-  return GpuKernels(*(functools.partial(kernel, version) for kernel in kernels))
+  kernels = GpuKernels(*(functools.partial(kernel, version) for kernel in (_forward, _row_term, _backward_dq,
+                                                                             _backward_dkv)))
+  if not version.two_part_output:
+    return kernels
+  return kernels._replace(forward_two_part=functools.partial(_forward, version, two_part=True))
 
 
 def _register(version, priority):

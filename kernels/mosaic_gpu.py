@@ -32,9 +32,12 @@ version 2 with what only the hardware runs (``Version.hardware_only``), by name 
 checked it.
 
 Not yet: the context-parallel ring (no pair kernels), float32 inputs (wgmma has no
-full-precision float32), head dims other than 64 and 128. On one device the kernels read heads-major copies
-[B*H, T, D] of q, k, v, dO (TMA tiles are 2-D boxes of one head): the transposes cost HBM
-traffic that a 4-D tensor map would avoid.
+full-precision float32), head dims other than 64 and 128.
+
+q, k, v, dO and the outputs stay in the caller's [B, T, H, D]: each TMA copy reads or writes a
+box of one head in place (``_head``: a 4-D tensor map, rows strided by H * D), so no
+heads-major copy is made on either side of a kernel. The per-position vectors (c's parts, ids,
+lse, delta, dc) are [B * H, T].
 
 Tested on CPU in JAX's Mosaic GPU interpreter (``interpret=True``: jax >= 0.11.2's
 ``InterpretGPUParams``; ``DETECT_RACES`` turns on its race detector), which simulates SMEM,
@@ -389,9 +392,17 @@ def _key_specs(first, block, head_dim, tile):
   return ([_from_block(first, (block, head_dim), tile)] * 2 + [_from_block(first, (block,))] * 3)
 
 
-def _kv_head(bh, heads, group):
-  """The K/V row (of [B * H_kv, ...]) that query row bh (of [B * HQ, ...]) reads."""
-  return (bh // heads) * (heads // group) + (bh % heads) // group
+def _sizes(q):
+  """B * HQ, T and D of q [B, T, HQ, D]: the kernels' grid runs over (query head, block)."""
+  batch, seq_len, heads, head_dim = q.shape
+  return batch * heads, seq_len, head_dim
+
+
+def _head(ref, bh, heads, group=1):
+  """The [T, D] view of one head of a [B, T, H, D] operand, for query head ``bh`` of B * HQ (its
+  K/V head where ``group`` query heads share one): TMA boxes read it in place, a row of T
+  strided by H * D, so no heads-major copy of q, k, v, dO or the outputs is made."""
+  return ref.at[bh // heads, :, (bh % heads) // group]
 
 
 # ----------------------------------------------------------------------------- forward
@@ -399,11 +410,11 @@ def _kv_head(bh, heads, group):
 
 def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window, prune, interpret, version,
                   bounds=None, two_part=False):
-  """o [BH, T, D] and base-2 lse [BH, T] from heads-major q [BH, T, D], k, v [BH/G, T, D] and
-  the per-position vectors [BH, T]; with ``two_part`` (``Version.two_part_output``) o, o_lo and
+  """o [B, T, HQ, D] and base-2 lse [BH, T] from q [B, T, HQ, D], k, v [B, T, HQ/G, D] and the
+  per-position vectors [BH, T] (BH = B * HQ); with ``two_part`` (``Version.two_part_output``) o, o_lo and
   lse, o + o_lo being the output of P's two parts (its rounding and the residual) times V."""
   del bounds  # the forward tests each tile: its warpgroups share one key sweep (docs/kernels_mosaic_gpu.md)
-  bh_count, seq_len, head_dim = q.shape
+  bh_count, seq_len, head_dim = _sizes(q)
   bq, bk = WG_ROWS, TILES.block_k
   tile, p_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
   own_o_lo_tile = two_part and q.dtype != O_LO_DTYPE
@@ -422,7 +433,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
     def compute_context(run_pipeline):  # on each compute warpgroup: its 64 rows
       row0 = cta_first + wg * bq
       rows = pl.ds(row0, bq)
-      plgpu.copy_gmem_to_smem(q_ref.at[bh, rows], q_s.at[wg], q_bar.at[wg])
+      plgpu.copy_gmem_to_smem(_head(q_ref, bh, heads).at[rows], q_s.at[wg], q_bar.at[wg])
       for i, ref in enumerate((hi_ref, lo_ref, seg_ref, thr_ref)):
         plgpu.copy_gmem_to_smem(ref.at[bh, rows], rows_s.at[wg, i], q_bar.at[wg])
       plgpu.barrier_wait(q_bar.at[wg])
@@ -437,9 +448,9 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
         o_lo_s.at[wg][...] = (o - o.astype(o_s.dtype).astype(jnp.float32)).astype(O_LO_DTYPE)
       lse_s.at[wg][...] = m + jnp.log2(l)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_s.at[wg], o_ref.at[bh, rows])
+      plgpu.copy_smem_to_gmem(o_s.at[wg], _head(o_ref, bh, heads).at[rows])
       if two_part:
-        plgpu.copy_smem_to_gmem(o_lo_s.at[wg], o_lo_ref.at[bh, rows])
+        plgpu.copy_smem_to_gmem(o_lo_s.at[wg], _head(o_lo_ref, bh, heads).at[rows])
       plgpu.copy_smem_to_gmem(lse_s.at[wg], lse_ref.at[bh, rows])
       plgpu.wait_smem_to_gmem(0)
 
@@ -470,11 +481,10 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
         seen &= jnp.logical_not(_prunable(queries, keys, rows_s.at[wg, 3][0]))
       return lax.cond(seen, tile_update, lambda carry: carry, carry)
 
-    kv_row = _kv_head(bh, heads, group)
     plgpu.emit_pipeline_warp_specialized(
         step, grid=(end - first,), memory_registers=40, wg_axis="wg", num_compute_wgs=COMPUTE_WGS,
         max_concurrent_steps=STAGES, compute_context=compute_context, in_specs=_key_specs(first, bk, head_dim, tile),
-    )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
+    )(_head(k_ref, bh, heads, group), _head(v_ref, bh, heads, group), hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
 
   o = jax.ShapeDtypeStruct(q.shape, q.dtype)
   scratch = [plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q (and o_lo in bf16)
@@ -500,11 +510,11 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
 
 def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
                       prune, interpret, row_term, version, bounds=None):
-  """Per query block of 64 rows, over its key blocks: dq [BH, T, D] (times ``sm_scale``), with
+  """Per query block of 64 rows, over its key blocks: dq [B, T, HQ, D] (times ``sm_scale``), with
   ``version.two_part_output`` also the rows' sums of dS [BH, T] (dc's row half); or with
   ``row_term`` delta_i = sum_j P_ij dP_ij [BH, T] (``delta`` is then unused). With ``bounds``
   (``_prune_bounds``), the sweep starts at the block's first unpruned key block."""
-  bh_count, seq_len, head_dim = q.shape
+  bh_count, seq_len, head_dim = _sizes(q)
   bq, bk = TILES.block_q_dq, TILES.block_k_dq
   tile, ds_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
   starts = () if bounds is None else (bounds[0],)
@@ -520,8 +530,8 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
     bh, block = lax.axis_index("bh"), _launch_order(lax.axis_index("q"), seq_len // bq, version)
     row0 = block * bq
     rows = pl.ds(row0, bq)
-    plgpu.copy_gmem_to_smem(q_ref.at[bh, rows], q_s, bar)
-    plgpu.copy_gmem_to_smem(do_ref.at[bh, rows], do_s, bar)
+    plgpu.copy_gmem_to_smem(_head(q_ref, bh, heads).at[rows], q_s, bar)
+    plgpu.copy_gmem_to_smem(_head(do_ref, bh, heads).at[rows], do_s, bar)
     for i, ref in enumerate(vector_refs):
       plgpu.copy_gmem_to_smem(ref.at[bh, rows], rows_s.at[i], bar)
     plgpu.barrier_wait(bar)
@@ -531,7 +541,6 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
     if starts:  # the pruned key blocks, a prefix: skipped by the bounds, not read
       first = jnp.maximum(first, rows_s.at[6][0].astype(jnp.int32))
 
-    kv_row = _kv_head(bh, heads, group)
     in_place = version.in_place_accumulators and not row_term
 
     def sweep(dq_acc):
@@ -561,7 +570,7 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
       result = plgpu.emit_pipeline(
           step, grid=(end - first,), max_concurrent_steps=STAGES, init_carry=init,
           in_specs=_key_specs(first, bk, head_dim, tile),
-      )(k_ref.at[kv_row], v_ref.at[kv_row], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
+      )(_head(k_ref, bh, heads, group), _head(v_ref, bh, heads, group), hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
       return (dq_acc[...], result[1]) if in_place else result
 
     if row_term:
@@ -572,7 +581,7 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
       if row_sums:
         sums_s[...] = sums
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(out_s, out_ref.at[bh, rows])
+    plgpu.copy_smem_to_gmem(out_s, out_ref.at[bh, rows] if row_term else _head(out_ref, bh, heads).at[rows])
     if row_sums:
       plgpu.copy_smem_to_gmem(sums_s, sums_ref.at[bh, rows])
     plgpu.wait_smem_to_gmem(0)
@@ -598,9 +607,9 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
 def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
                     prune, interpret, share_dtype, version, bounds=None):
   """Per key block of 64 keys and query head, over the query blocks that see it: that head's
-  shares of dK (times ``sm_scale``) and dV [BH, T, D] in ``share_dtype``, and dc [BH, T]. With
+  shares of dK (times ``sm_scale``) and dV [B, T, HQ, D] in ``share_dtype``, and dc [BH, T]. With
   ``bounds`` (``_prune_bounds``), the sweep ends before the block's first pruned query block."""
-  bh_count, seq_len, head_dim = q.shape
+  bh_count, seq_len, head_dim = _sizes(q)
   bq, bk = TILES.block_q_dkv, TILES.block_k_dkv
   tile, t_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bq, q.dtype)
   out_tile = _smem_tiles(head_dim, share_dtype)
@@ -615,9 +624,8 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
     bh, block = lax.axis_index("bh"), lax.axis_index("k")
     k0 = block * bk
     cols = pl.ds(k0, bk)
-    kv_row = _kv_head(bh, heads, group)
-    plgpu.copy_gmem_to_smem(k_ref.at[kv_row, cols], k_s, bar)
-    plgpu.copy_gmem_to_smem(v_ref.at[kv_row, cols], v_s, bar)
+    plgpu.copy_gmem_to_smem(_head(k_ref, bh, heads, group).at[cols], k_s, bar)
+    plgpu.copy_gmem_to_smem(_head(v_ref, bh, heads, group).at[cols], v_s, bar)
     for i, ref in enumerate(vector_refs):
       plgpu.copy_gmem_to_smem(ref.at[bh, cols], cols_s.at[i], bar)
     plgpu.barrier_wait(bar)
@@ -656,7 +664,8 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
       dk, dv, dc = plgpu.emit_pipeline(
           step, grid=(end - first,), max_concurrent_steps=STAGES, in_specs=specs,
           init_carry=(zeros, zeros, jnp.zeros((bk,), jnp.float32)),
-      )(q_ref.at[bh], do_ref.at[bh], hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh], lse_ref.at[bh], delta_ref.at[bh])
+      )(_head(q_ref, bh, heads), _head(do_ref, bh, heads),
+        *(ref.at[bh] for ref in (hi_ref, lo_ref, seg_ref, lse_ref, delta_ref)))
       return (dk_acc[...], dv_acc[...], dc) if in_place else (dk, dv, dc)
 
     dk, dv, dc = _with_accumulators(sweep, [(bk, head_dim)] * 2, in_place)
@@ -664,8 +673,8 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
     out_s.at[1][...] = dv.astype(out_s.dtype)
     dc_s[...] = dc
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(out_s.at[0], dk_ref.at[bh, cols])
-    plgpu.copy_smem_to_gmem(out_s.at[1], dv_ref.at[bh, cols])
+    plgpu.copy_smem_to_gmem(out_s.at[0], _head(dk_ref, bh, heads).at[cols])
+    plgpu.copy_smem_to_gmem(out_s.at[1], _head(dv_ref, bh, heads).at[cols])
     plgpu.copy_smem_to_gmem(dc_s, dc_ref.at[bh, cols])
     plgpu.wait_smem_to_gmem(0)
 
@@ -687,18 +696,6 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
 
 
 # ----------------------------------------------------------------------------- the GpuKernels
-
-
-def _heads_major(x):
-  """[B, T, H, D] -> [B * H, T, D] (TMA boxes of one head)."""
-  b, t, h, d = x.shape
-  return x.transpose(0, 2, 1, 3).reshape(b * h, t, d)
-
-
-def _seq_major(x, batch):
-  """[B * H, T, D] -> [B, T, H, D]."""
-  bh, t, d = x.shape
-  return x.reshape(batch, bh // batch, t, d).transpose(0, 2, 1, 3)
 
 
 def _flat(x):
@@ -739,19 +736,19 @@ def _prepared(q, k, v, ops, static, version):
     bounds = _prune_bounds(hi, ops.thr.reshape(-1).astype(jnp.float32), TILES.block_q_dq)
   options = dict(heads=shapes.heads, group=shapes.group, scale2=static.sm_scale * LOG2_E, window=static.window,
                  prune=static.prune, interpret=_interpret(static), version=version, bounds=bounds)
-  return shapes, (_heads_major(q), _heads_major(k), _heads_major(v)) + vectors, options
+  return shapes, (q, k, v) + vectors, options
 
 
 def _forward(version, q, k, v, ops, static, two_part=False):
   """(o, lse2), or with ``two_part`` (o, o_lo, lse2): ``_forward_call``'s outputs in the caller's layouts."""
   shapes, operands, options = _prepared(q, k, v, ops, static, version)
   *outputs, lse2 = _forward_call(*operands, two_part=two_part, **options)
-  return (*(_seq_major(x, shapes.batch) for x in outputs), lse2.reshape(shapes.batch, shapes.heads, -1))
+  return (*outputs, lse2.reshape(shapes.batch, shapes.heads, -1))
 
 
 def _row_term(version, q, k, v, ops, do, lse2, static):
   shapes, operands, options = _prepared(q, k, v, ops, static, version)
-  delta = _query_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(lse2), sm_scale=static.sm_scale,
+  delta = _query_sweep_call(*operands, do, _flat(lse2), _flat(lse2), sm_scale=static.sm_scale,
                             row_term=True, **options)
   return delta.reshape(shapes.batch, shapes.heads, -1)
 
@@ -759,20 +756,19 @@ def _row_term(version, q, k, v, ops, do, lse2, static):
 def _backward_dq(version, q, k, v, ops, do, lse2, delta, static):
   """dq; with ``version.two_part_output`` (dq, the rows' sums of dS [B, H, T])."""
   shapes, operands, options = _prepared(q, k, v, ops, static, version)
-  dq = _query_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(delta), sm_scale=grad_scale(static),
+  dq = _query_sweep_call(*operands, do, _flat(lse2), _flat(delta), sm_scale=grad_scale(static),
                          row_term=False, **options)
   if not version.two_part_output:
-    return _seq_major(dq, shapes.batch)
+    return dq
   dq, sums = dq
-  return _seq_major(dq, shapes.batch), sums.reshape(shapes.batch, shapes.heads, -1)
+  return dq, sums.reshape(shapes.batch, shapes.heads, -1)
 
 
 def _backward_dkv(version, q, k, v, ops, do, lse2, delta, static):
   shapes, operands, options = _prepared(q, k, v, ops, static, version)
   share_dtype = shapes.key_shares(k).dtype
-  dk, dv, dc = _key_sweep_call(*operands, _heads_major(do), _flat(lse2), _flat(delta),
+  dk, dv, dc = _key_sweep_call(*operands, do, _flat(lse2), _flat(delta),
                                sm_scale=grad_scale(static), share_dtype=share_dtype, **options)
-  dk, dv = _seq_major(dk, shapes.batch), _seq_major(dv, shapes.batch)
   return shapes.summed(dk, k), shapes.summed(dv, v), dc.reshape(shapes.batch, shapes.heads, -1)
 
 

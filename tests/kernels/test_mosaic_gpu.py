@@ -209,6 +209,10 @@ def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name, 
   names = set(re.findall(r"forgetting_attention_mgpu_(fwd_two_part|dq|dkv)(_hw)?_mosaic_gpu", lowered.as_text()))
   suffix = "_hw" if impl == "mosaic_gpu_hw" else ""  # a profile tells the hardware path's kernels apart
   assert names == {(kernel, suffix) for kernel in ("fwd_two_part", "dq", "dkv")}, names
+  # TMA reads and writes q, k, v, dO and the outputs in the caller's [B, T, H, D] (mosaic_gpu._head):
+  # no heads-major copy of any of them on either side of the kernels
+  copies = re.findall(r"stablehlo.transpose [^\n]*\(tensor<1x\d+x\d+x%dx" % head_dim, lowered.as_text())
+  assert not copies, copies
 
 
 @pytest.mark.parametrize("impl, dtype, head_dim, message", [

@@ -6,7 +6,8 @@ that), and the compiled executable's memory (XLA memory analysis: temporaries + 
 outputs of forward+backward). Ratios between rows come from the same run.
 
 Candidates: lpcjax pallas / triton (jax-triton) / mosaic_gpu (Hopper; mosaic_gpu_v1 its version 1,
-mosaic_gpu_hw its hardware-only path) / xla / reference backends and "auto" (what
+mosaic_gpu_fused its one-kernel backward, mosaic_gpu_hw that's hardware-only path) / xla /
+reference backends and "auto" (what
 the backend table picks here); ``*_pruned``: the same kernel with ``prune_epsilon`` at its default
 (e^-10; the row also gives the share of 128 x 64 tiles the bound lets it skip on these gates, give
 them a timescale with --gate-timescales); ``cudnn_nobias``: cuDNN's flash attention through
@@ -101,7 +102,8 @@ CANDIDATES = {
     "triton_pruned": (lpcjax_candidate("triton", DEFAULT_EPSILON), "gpu"),
     "mosaic_gpu": (lpcjax_candidate("mosaic_gpu"), "gpu"),  # Hopper, jax >= 0.11 (version 2)
     "mosaic_gpu_v1": (lpcjax_candidate("mosaic_gpu_v1"), "gpu"),  # version 1, kept to compare
-    "mosaic_gpu_hw": (lpcjax_candidate("mosaic_gpu_hw"), "gpu"),  # version 2's hardware-only path
+    "mosaic_gpu_fused": (lpcjax_candidate("mosaic_gpu_fused"), "gpu"),  # version 2, the backward in one kernel
+    "mosaic_gpu_hw": (lpcjax_candidate("mosaic_gpu_hw"), "gpu"),  # that's hardware-only path
     "xla": (lpcjax_candidate("xla"), None),
     "xla_pruned": (lpcjax_candidate("xla", DEFAULT_EPSILON), None),
     "auto": (lpcjax_candidate("auto"), None),

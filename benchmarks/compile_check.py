@@ -1,7 +1,8 @@
 """Every accelerator kernel compiled ahead of time for its chips on this CPU machine: the resource table.
 
 The full grid of what CI compiles in small (tests/kernels/test_compile_for_chips.py): the GPU
-backends (pallas, triton, mosaic_gpu and its hardware path mosaic_gpu_hw) for an H100 (sm_90a) and
+backends (pallas, triton, mosaic_gpu, its one-kernel backward mosaic_gpu_fused and its hardware path
+mosaic_gpu_hw) for an H100 (sm_90a) and
 the TPU backend for v5e, v6e and v5p, forward and backward, over head dims 64 and 128, bf16 and
 fp16 (float32 where the backend takes it), plain and with grouped K/V + a window + segments +
 pruning, T from 2k to 16k, the context-parallel ring's pair kernels over two H100s; JAX's own
@@ -42,7 +43,8 @@ def attention_grid(quick):
   """(target, AttentionCase fields) of every attention compile."""
   rows = []
   gpu_dtypes = {"pallas": ("bfloat16", "float16", "float32"), "triton": ("bfloat16", "float16", "float32"),
-                "mosaic_gpu": ("bfloat16", "float16"), "mosaic_gpu_hw": ("bfloat16", "float16")}
+                "mosaic_gpu": ("bfloat16", "float16"), "mosaic_gpu_fused": ("bfloat16", "float16"),
+                "mosaic_gpu_hw": ("bfloat16", "float16")}
   for impl, dtypes in gpu_dtypes.items():
     for head_dim in (64, 128):
       rows.append(("h100", dict(impl=impl, dtype="bfloat16", head_dim=head_dim, seq_len=16384, heads=4)))

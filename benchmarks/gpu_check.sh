@@ -2,8 +2,9 @@
 # One prepared GPU session, at most BUDGET seconds (default 530): what a user choosing a FoX kernel
 # asks, most important first, each step bounded by its own timeout and by what is left, its
 # JSON written row by row:
-#   1. check       the kernels compiled (pallas, triton, mosaic_gpu: versions 2 and 1 and the
-#                  hardware-only path mosaic_gpu_hw) against float64 at T up to
+#   1. check       the kernels compiled (pallas, triton, mosaic_gpu: versions 2 and 1, the
+#                  one-kernel backward mosaic_gpu_fused and the hardware-only path
+#                  mosaic_gpu_hw) against float64 at T up to
 #                  16k, pruning included (kernel_check.py)
 #   2. attn16k     forgetting attention fwd / fwd+bwd at T = 16k, D = 128: lpcjax's backends, the
 #                  cuDNN floor, JAX's Pallas flash attention without the gate (attention.py)
@@ -36,7 +37,7 @@ if [ -n "${REHEARSE:-}" ]; then  # toy sizes: every path that runs without a GPU
   fla_decode_args="--hidden-size 64 --layers 1 --heads 2 --prompt-lens 40 --batch-sizes 2 --new-tokens 2"
 else
   long=16384 sweep_lens="2048 8192 32768" tokens=32768 model_dim=2048 iters=5 peers="" check_len=1024 scale=1 budget=530
-  check_args="--impls pallas triton mosaic_gpu mosaic_gpu_hw mosaic_gpu_v1"  # ("auto" is pallas on a GPU)
+  check_args="--impls pallas triton mosaic_gpu mosaic_gpu_hw mosaic_gpu_fused mosaic_gpu_v1"  # ("auto": pallas on a GPU)
   train_size="data.seq_len=4096 data.batch_size=8"
   # (--recompute-tokens 0: the uncached forward's [16, 32k, vocab] logits alone need 99 GiB)
   decode_args="--config paper:fox_pro_125m --prompt-lens 4096 32768 --batch-sizes 1 16 --new-tokens 64
@@ -46,7 +47,8 @@ fi
 deadline=${BUDGET:-$budget}  # seconds since the script began (bash SECONDS), setup included
 rows="--batch-tokens $tokens --model-dim $model_dim --iters $iters"
 # the floors right after the backends "auto" may pick, so that a step's cap cuts the comparisons last
-lpcjax_impls="pallas triton mosaic_gpu cudnn_nobias pallas_mha_nobias mosaic_gpu_hw mosaic_gpu_v1 xla auto"
+lpcjax_impls="pallas triton mosaic_gpu cudnn_nobias pallas_mha_nobias mosaic_gpu_hw mosaic_gpu_fused mosaic_gpu_v1 xla
+  auto"
 
 pack() {  # the results so far, whole, into $OUT (a timeout keeps every finished step)
   [ -n "${OUT:-}" ] || return 0
@@ -71,7 +73,7 @@ run() {  # CAP NAME COMMAND...: at most CAP seconds and what is left; logged; a 
 wants() { [[ "$steps" == *" $1 "* ]]; }
 
 if wants check; then
-  run 75 kernel_check $py benchmarks/kernel_check.py $check_args --out "$results/kernel_check_gpu.json"
+  run 90 kernel_check $py benchmarks/kernel_check.py $check_args --out "$results/kernel_check_gpu.json"
 fi
 if wants attn16k; then
   run 50 attention_16k $py benchmarks/attention.py --seq-lens $long --head-dims 128 $rows \

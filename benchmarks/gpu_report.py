@@ -24,7 +24,7 @@ import tempfile
 
 from lpcjax.files import write_json_atomic
 
-LPCJAX = ("pallas", "triton", "auto", "xla", "mosaic_gpu", "mosaic_gpu_hw", "mosaic_gpu_v1")
+LPCJAX = ("pallas", "triton", "auto", "xla", "mosaic_gpu", "mosaic_gpu_fused", "mosaic_gpu_hw", "mosaic_gpu_v1")
 GATED_PEERS = ("fla", "fox_official")
 FLOOR = "cudnn_nobias"
 

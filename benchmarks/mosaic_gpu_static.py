@@ -1,8 +1,9 @@
 """The static measure of the Mosaic GPU kernels (issue #66): version 1 (``impl="mosaic_gpu_v1"``),
-version 2 (``impl="mosaic_gpu"``), its hardware-only path (``impl="mosaic_gpu_hw"``: register
-operands without SMEM tiles, ACC.init, approx_math) and JAX's own Hopper attention (``attention_mgpu``: no gate,
-non-causal, the floor), compiled for an H100 (sm_90a) on a CPU machine, read from ptxas and the
-SASS (lpcjax.aot.compiler_reports). Compiler counts, not speeds: what a GPU will time is
+version 2 (``impl="mosaic_gpu"``), its one-kernel backward (``impl="mosaic_gpu_fused"``: five units
+a tile, both warpgroups' roles in its loop), its hardware-only path (``impl="mosaic_gpu_hw"``: that,
+with register operands without SMEM tiles, ACC.init, approx_math) and JAX's own Hopper attention
+(``attention_mgpu``: no gate, non-causal, the floor), compiled for an H100 (sm_90a) on a CPU machine,
+read from ptxas and the SASS (lpcjax.aot.compiler_reports). Compiler counts, not speeds: what a GPU will time is
 benchmarks/gpu_check.sh's.
 
 For each kernel: registers, spill bytes, shared memory; for its per-tile loop (the innermost
@@ -114,7 +115,7 @@ def main():
     for extra in ({}, FEATURES):
       fields = dict(dtype="bfloat16", head_dim=head_dim, seq_len=4096, heads=4, **extra)
       entries += measured(run_attention("h100", dict(impl="mosaic_gpu_v1", **fields)), "v1")
-      for impl, path in (("mosaic_gpu", "v2"), ("mosaic_gpu_hw", "v2 hw")):
+      for impl, path in (("mosaic_gpu", "v2"), ("mosaic_gpu_fused", "v2 fused"), ("mosaic_gpu_hw", "v2 hw")):
         entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} edge")
         restore = interior_build()
         try:

@@ -126,7 +126,10 @@ class GpuKernels(NamedTuple):
   * optionally ``forward_two_part(q, k, v, ops, static)`` -> (o, o_lo, lse2), the forward run
     for a gradient on one device, whose o + o_lo gives the backward its delta instead of
     ``row_term`` (vjp.py's ``BackendKernels.forward_two_part``; row_term.py says why its
-    backward_dq adds the rows' sums).
+    backward_dq adds the rows' sums);
+  * optionally ``backward(q, k, v, ops, do, lse2, delta, static)`` -> (dq, dk, dv, dc), dc with
+    both halves: the whole backward in one call on one device, instead of backward_dq and
+    backward_dkv (Mosaic GPU's ``Version.fused_backward``).
   """
 
   forward: Callable
@@ -134,6 +137,7 @@ class GpuKernels(NamedTuple):
   backward_dq: Callable
   backward_dkv: Callable
   forward_two_part: Optional[Callable] = None
+  backward: Optional[Callable] = None
 
 
 def decay_cumsum(log_fgate):
@@ -168,6 +172,8 @@ def single_device(kernels, impl, head_dims, fit_block_sizes, check):
 
   def backward(q, k, v, c, seg, thr, do, lse2, delta, static):
     args = (q, k, v, Operands.self_attention(c, seg, thr), do, lse2, delta, static)
+    if kernels.backward is not None:
+      return kernels.backward(*args)
     dk, dv, dc = kernels.backward_dkv(*args)
     if kernels.forward_two_part is None:
       return kernels.backward_dq(*args), dk, dv, dc

@@ -1,18 +1,20 @@
 """Forgetting attention for Hopper (sm_90) in Pallas Mosaic GPU: ``impl="mosaic_gpu"``.
 
 The GPU path JAX now maintains (Pallas' Triton lowering is deprecated): every matmul of a tile
-on wgmma (operands in shared memory; on the hardware-only path, ``impl="mosaic_gpu_hw"``, P and
-dS from registers), tiles brought in by TMA bulk copies into a ring of
-SMEM stages completed on mbarriers, and, in the forward, warpgroup specialization: one memory
-warpgroup issues the K/V/c copies while two compute warpgroups (64 query rows each, 128 per CTA)
-run the online softmax. docs/kernels_mosaic_gpu.md has the design, the budgets and the limits.
+on wgmma (operands in shared memory; on the hardware-only path, ``impl="mosaic_gpu_hw"``, P from
+registers), tiles brought in by TMA bulk copies into a ring of SMEM stages completed on
+mbarriers, and warpgroup specialization: in the forward one memory warpgroup issues the K/V/c
+copies while two compute warpgroups (64 query rows each, 128 per CTA) run the online softmax;
+in the one-kernel backward (``Version.fused_backward``) one issues the Q/dO copies while two
+split each tile's matmuls by role. docs/kernels_mosaic_gpu.md has the design, the budgets and the limits.
 
 Same algorithm and contracts as pallas_gpu.py (the ``GpuKernels`` of gpu_calls.py, through the
 shared custom_vjp of vjp.py): base-2 logits, c = cumsum log f as decay.py's two float32 parts
 whose difference (hi_i - hi_j) + (lo_i - lo_j) is built in the accumulator's layout from a row
 vector and a column vector (never a [T, T] array), then scaled by log2 e; the forward writes o
 and the base-2 lse; the backward runs a dQ kernel per query block and a dK/dV/dc kernel per key
-block (dc_j = -sum_i dS_ij), and for bf16/fp16 (version 1) a row-term kernel (delta) on the dQ
+block (dc_j = -sum_i dS_ij), or one kernel per key block that also adds dQ's shares into HBM
+(``_fused_sweep_call``), and for bf16/fp16 (version 1) a row-term kernel (delta) on the dQ
 kernel's tiles, or (version 2) reads delta off o's two parts (row_term.py). Causal, segment ids
 (hard cuts arrive as segments, checks.py), sliding windows (masked, and the sweeps start and end
 where the band does), grouped-query attention (the kernels pick K/V head h // G; dK/dV are
@@ -20,16 +22,17 @@ written per query head and summed per group).
 
 Pruning (``prune_epsilon``): a tile whose decay bounds its weight below the threshold
 (pruning.py, on the high parts of c) is skipped: in the forward by a ``lax.cond`` around its two
-matmuls, in the backward sweeps (version 2) by their bounds; the three kernels run the same
-64 x 64 tiles, so the backward skips the forward's tiles.
+matmuls, in the backward sweeps (version 2) by their bounds (the one-kernel backward tests each
+tile); the kernels run the same 64 x 64 tiles, so the backward skips the forward's tiles.
 
 Two versions from this one source (``Version``): ``impl="mosaic_gpu"`` is version 2 (interior
 tiles skip the masks; pruning moves the backward's bounds; no row-term kernel, the forward run
 for a gradient writing o in two parts; dQ, dK and dV accumulated in place across their sweeps),
 ``impl="mosaic_gpu_v1"`` version 1, kept by name to compare until a GPU times both
-(benchmarks/mosaic_gpu_static.py compares their compiled code now), and ``impl="mosaic_gpu_hw"``
-version 2 with what only the hardware runs (``Version.hardware_only``), by name until a GPU has
-checked it.
+(benchmarks/mosaic_gpu_static.py compares their compiled code now), ``impl="mosaic_gpu_fused"``
+version 2 with its backward in one kernel (``Version.fused_backward``), and ``impl="mosaic_gpu_hw"``
+that with what only the hardware runs (``Version.hardware_only``), both by name until a GPU has
+checked them.
 
 Not yet: the context-parallel ring (no pair kernels), float32 inputs (wgmma has no
 full-precision float32), head dims other than 64 and 128.
@@ -46,6 +49,7 @@ TMA, barriers and wgmma but not their layouts or timing; what it cannot show is 
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +92,8 @@ class Version:
     dK/dV kernel's key blocks already come heaviest first).
   * ``pruned_bounds``: pruning moves the backward sweeps' bounds (the pruned tiles of a block
     are a prefix of its key blocks and a suffix of its query blocks, c being monotone) instead of
-    testing each tile inside the loop, so a pruned tile costs no copy and no pipeline step.
+    testing each tile inside the loop, so a pruned tile costs no copy and no pipeline step (not
+    in the one-kernel backward of ``fused_backward``, which tests each tile: ``_fused_sweep_call``).
   * ``two_part_output``: the forward run for a gradient multiplies V by P's rounding to the
     inputs' dtype and by its rounding residual (a third matmul per tile) and writes o as two parts,
     o + o_lo (o_lo in bf16 whatever the inputs' dtype); the backward reads the row term
@@ -101,7 +106,8 @@ class Version:
     no register copy of the product and no add per element (the step waits for the last product
     before its stage is refilled).
   * ``hardware_only``: constructs JAX's Mosaic GPU interpreter cannot run (docs): wgmma's A
-    operand (P, its residual, dS) from registers instead of through SMEM (``_a_operands``), and
+    operand (P and its residual in the forward; in the backward dS, or with ``fused_backward``
+    P^T) from registers instead of through SMEM (``_a_operands``), and
     the forward's rescaled accumulator handed back to wgmma by ``ACC.init`` instead of a fresh
     one added to it (``_rescaled_products``); those operands get no SMEM tiles
     (``_operand_tiles``), and its kernels are named ``..._hw`` (``_named``). No interpret mode:
@@ -114,6 +120,12 @@ class Version:
     of its row's running maximum (forward) or of 2^lse (backward) becomes 0, and lse is within
     about 2^-22. On the hardware path only, as JAX's interpreter computes both exactly: only a
     GPU shows the difference.
+  * ``fused_backward`` (with ``two_part_output``): the whole backward in one kernel
+    (``_fused_sweep_call``), five matmul units a tile instead of seven: per key block, two compute
+    warpgroups split each tile's matmuls by role (S, P, dV and dQ on one; dP, dS and dK on the
+    other) and dQ's shares are reduce-added into float32 in HBM, so dQ's rounding depends on the
+    order the key blocks finish (not deterministic; version 2's two kernels are). Named on the
+    tested path (``impl="mosaic_gpu_fused"``), and the hardware path's backward.
   """
 
   name: str
@@ -124,6 +136,7 @@ class Version:
   in_place_accumulators: bool
   hardware_only: bool = False
   approx_math: bool = False
+  fused_backward: bool = False
 
 
 V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False,
@@ -131,7 +144,9 @@ V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned
 V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True, two_part_output=True,
              in_place_accumulators=True)
 # by name, until a GPU checks it
-V2_HARDWARE = dataclasses.replace(V2, name="mosaic_gpu_hw", hardware_only=True, approx_math=True)
+# its backward tests each tile for pruning (``_fused_sweep_call``): no bounds to build
+V2_FUSED = dataclasses.replace(V2, name="mosaic_gpu_fused", fused_backward=True, pruned_bounds=False)
+V2_HARDWARE = dataclasses.replace(V2_FUSED, name="mosaic_gpu_hw", hardware_only=True, approx_math=True)
 
 
 def available():
@@ -151,11 +166,29 @@ def on_gpu():
 MISCOMPILING_PTXAS = ((12, 8, 0), (12, 9, 86))
 
 
+def _interpreter_threads():
+  """How many XLA computations JAX's interpreter can run at once here, as measured on a 2-core
+  machine: they hang with 1 or 2 host devices and run with 3, so the larger of the CPUs this
+  process may use and the host devices (a bound from that one machine, not XLA's rule)."""
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  if cpus >= 3:
+    return cpus
+  try:
+    return max(cpus, jax.local_device_count("cpu"))
+  except RuntimeError:  # no CPU backend in this process
+    return cpus
+
+
 def check_runnable(interpret, version=V2):
   if interpret and version.hardware_only:
     raise ValueError(f"forgetting_attention: impl={version.name!r} uses what JAX's Mosaic GPU interpreter "
                      f"cannot run (wgmma operands in registers, ACC.init): no interpret mode; use "
                      f"impl='mosaic_gpu' there")
+  if interpret and version.fused_backward and _interpreter_threads() < 3:
+    raise ValueError(f"forgetting_attention: impl={version.name!r} under interpret=True runs its kernels' three "
+                     f"warpgroups as XLA computations at once, two waiting on each other, and XLA's CPU client "
+                     f"runs fewer at once on this machine (it would hang); set XLA_FLAGS="
+                     f"--xla_force_host_platform_device_count=3 or more before JAX starts")
   if interpret:
     return
   if not on_gpu():
@@ -695,6 +728,181 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
   )(*inputs)
 
 
+def _add_share(value, stage, dst, in_slices):
+  """Adds ``value`` (a tile's share of dQ, or of dS's rows' sums) into the float32 sum ``dst`` in
+  HBM: staged through float32 SMEM (rewritten once the last share's store has read it) and
+  reduce-added by TMA, or under the interpreter, which has no reduce-add, stored into this key
+  block's own slice (``_fused_sweep_call``)."""
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+  stage[...] = value
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(stage, dst, reduction_op=None if in_slices else "add")
+
+
+def _store(value, stage, dst):
+  """``value`` written to ``dst`` in HBM through the SMEM tile ``stage``, in its dtype."""
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+  stage[...] = value.astype(stage.dtype)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(stage, dst)
+
+
+def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
+                      prune, interpret, share_dtype, version, bounds=None):
+  """The whole backward in one kernel (``Version.fused_backward``): per key block of 64 keys and
+  query head, over the query blocks that see it, two compute warpgroups split each tile's five
+  matmuls by role while a third issues the Q, dO and vector copies:
+
+  * warpgroup 0: S^T = K Q^T and P^T (handed to warpgroup 1 through float32 SMEM), dV += P^T dO
+    in its accumulator, then, once warpgroup 1 has stored dS^T, the tile's share of dQ, dS K,
+    added into a float32 dQ in HBM by a TMA reduce-add;
+  * warpgroup 1: dP^T = V dO^T, dS^T = P^T (dP^T - delta) (stored for warpgroup 0), dK += dS^T Q
+    in its accumulator, dc's column half, and the tile's share of dS's rows' sums (dc's row
+    half), reduce-added in HBM as dQ is.
+
+  The two meet on two barriers a tile: P^T ready (0 -> 1) and dS^T ready (1 -> 0); a warpgroup
+  ends its step only when its products are done, so each one-slot tile is rewritten only after
+  the other warpgroup has read it (warpgroup 0 writes P^T again after dS^T's barrier, on which
+  warpgroup 1 arrives after reading P^T; warpgroup 1 writes dS^T again after the next P^T
+  barrier, on which warpgroup 0 arrives after its dQ product). Only warpgroup 1 reduces across
+  warps (dS's rows' sums), through a scratch slot of Mosaic's that both would share: a
+  reduction on warpgroup 0 too would need its own synchronization (as ``_prunable`` notes for
+  the forward).
+
+  Returns that head's dK (times ``sm_scale``) and dV shares [B, T, HQ, D] in ``share_dtype``, dc's
+  column half [BH, T], and the float32 sums over the key blocks of dQ (not yet times ``sm_scale``)
+  [B, T, HQ, D] and of dc's row half [BH, T]. The reduce-adds leave dQ's rounding to the order
+  the key blocks land in (impl="mosaic_gpu", with its dQ kernel, is deterministic). JAX's
+  interpreter has no reduce-add: under it each key block stores its shares into a slice of its
+  own, summed by XLA afterwards (T/64 copies of dQ: for tests)."""
+  # pruning tests each tile, as the forward does: an end read from memory as the sweep's bound is
+  # not uniform across a warp to ptxas, and 396 B (D = 64) to 780 B (D = 128) of spills followed
+  del bounds
+  bh_count, seq_len, head_dim = _sizes(q)
+  bq, bk = TILES.block_q_dkv, TILES.block_k_dkv
+  tile, t_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bq, q.dtype)
+  in_slices = interpret is not None
+  slices = (seq_len // bk,) if in_slices else ()
+  dq_sum = jax.new_ref(jnp.zeros(slices + q.shape, jnp.float32))
+  sums_sum = jax.new_ref(jnp.zeros(slices + (bh_count, seq_len), jnp.float32))
+  inputs = (q, k, v, c_hi, c_lo, seg, thr, do, lse, delta)
+  # dV's share goes out through dQ's float32 stage where the shares are float32 (grouped K/V):
+  # a tile of its own would not fit in SMEM beside the rest
+  f32_shares = jnp.dtype(share_dtype) == jnp.float32
+
+  def body(*refs):
+    q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, do_ref, lse_ref, delta_ref = refs[:10]
+    vector_refs = (hi_ref, lo_ref, seg_ref, thr_ref)
+    (dq_ref, sums_ref, dk_ref, dv_ref, dc_ref, k_s, v_s, cols_s, p_s, ds_s, dq_s, sums_s, dc_s, out_s,
+     kv_bar, p_ready, ds_ready, *p_tiles) = refs[len(inputs):]
+    dk_stage, dv_stage = (out_s.at[0], dq_s if f32_shares else out_s.at[1])
+    bh, block, wg = lax.axis_index("bh"), lax.axis_index("k"), lax.axis_index("wg")
+    k0 = block * bk
+    cols = pl.ds(k0, bk)
+
+    # K, V and the keys' vectors, waited for by all three warpgroups before the pipeline, and the
+    # sweep's range computed after the wait: ptxas is sensitive to both (waited for only inside the
+    # compute warpgroups' context, 16-32 B of spills at D = 128; the range computed before the
+    # wait, with a window, 1036 B; measured, and test_compile_for_chips.py compiles the window)
+    @pl.when(wg == 0)
+    def _():
+      plgpu.copy_gmem_to_smem(_head(k_ref, bh, heads, group).at[cols], k_s, kv_bar)
+      plgpu.copy_gmem_to_smem(_head(v_ref, bh, heads, group).at[cols], v_s, kv_bar)
+      for i, ref in enumerate(vector_refs):
+        plgpu.copy_gmem_to_smem(ref.at[bh, cols], cols_s.at[i], kv_bar)
+    plgpu.barrier_wait(kv_bar)
+    first, end = _query_range(k0, bk, bq, seq_len // bq, window)
+    if in_slices:
+      dq_ref, sums_ref = dq_ref.at[block], sums_ref.at[block]
+    accumulator = []  # the warpgroup's (dV's on 0, dK's on 1), live across the sweep: set below
+
+    def compute_context(run_pipeline):  # on the two compute warpgroups (the third copies Q, dO, ...)
+      def sweep(acc):
+        accumulator.append(acc)
+        dc = run_pipeline(plgpu.layout_cast(jnp.zeros((bk,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)))
+        return acc[...], dc
+
+      grad, dc = pl.run_scoped(sweep, plgpu.ACC((bk, head_dim), jnp.float32))
+
+      @pl.when(wg == 0)
+      def _():
+        _store(grad, dv_stage, _head(dv_ref, bh, heads).at[cols])
+
+      @pl.when(wg == 1)
+      def _():
+        _store(grad * sm_scale, dk_stage, _head(dk_ref, bh, heads).at[cols])
+        _store(dc, dc_s, dc_ref.at[bh, cols])
+      plgpu.wait_smem_to_gmem(0)
+
+    def step(index, q_s, do_s, q_hi, q_lo, q_seg, q_lse, q_delta, dc):
+      q0 = (index[0] + first) * bq
+      # the tile's two sides, loaded where they are used (S^T: the keys are its rows)
+      sides = lambda: (_Positions(q0, q_hi, q_lo, q_seg, axis=1),
+                       _Positions(k0, *(cols_s.at[i] for i in range(3)), axis=0))
+      acc, = accumulator
+
+      def probabilities_dv_dq(dc):  # warpgroup 0
+        s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), *sides(), scale2, window)
+        p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
+        p_s[...] = p_t
+        p_operand, = _a_operands([p_t], q.dtype, p_tiles)
+        plgpu.commit_smem()  # p_s's store (on the tested path _a_operands has committed it already)
+        plgpu.barrier_arrive(p_ready)
+        plgpu.wgmma(acc, p_operand, do_s)  # dV += P^T dO
+        plgpu.barrier_wait(ds_ready)
+        dq = _matmul(ds_s.T, k_s, (bq, head_dim))  # dS K (reading it waits for dV's product too)
+        _add_share(dq, dq_s, _head(dq_ref, bh, heads).at[pl.ds(q0, bq)], in_slices)
+        return dc
+
+      def scores_grad_dk(dc):  # warpgroup 1
+        dp_t = _matmul(v_s, do_s.T, (bk, bq))  # dP^T = V dO^T
+        plgpu.barrier_wait(p_ready)
+        ds_t = plgpu.load(p_s, layout=plgpu.Layout.WGMMA) * (dp_t - _across(_rows(q_delta, 1), dp_t.shape, 1))
+        ds_s[...] = ds_t.astype(ds_s.dtype)
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(ds_ready)
+        plgpu.wgmma(acc, ds_s, q_s)  # dK += dS^T Q, from the tile warpgroup 0 reads too
+        _add_share(ds_t.sum(axis=0), sums_s, sums_ref.at[bh, pl.ds(q0, bq)], in_slices)
+        return dc - ds_t.sum(axis=1)
+
+      def tile_update(dc):
+        return lax.cond(wg == 0, probabilities_dv_dq, scores_grad_dk, dc)
+      # both warpgroups skip the same tiles (the forward's), barriers and all
+      return _in_flight_done(True, _unless_pruned(prune, *sides(), cols_s.at[3][0], tile_update, dc))
+
+    plgpu.emit_pipeline_warp_specialized(
+        step, grid=(end - first,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+        max_concurrent_steps=STAGES, compute_context=compute_context,
+        in_specs=[_from_block(first, (bq, head_dim), tile)] * 2 + [_from_block(first, (bq,))] * 5,
+    )(_head(q_ref, bh, heads), _head(do_ref, bh, heads),
+      *(ref.at[bh] for ref in (hi_ref, lo_ref, seg_ref, lse_ref, delta_ref)))
+
+  share = jax.ShapeDtypeStruct(q.shape, share_dtype)
+  vector = jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)
+  scratch = [plgpu.SMEM((bk, head_dim), k.dtype, transforms=tile),  # k
+             plgpu.SMEM((bk, head_dim), v.dtype, transforms=tile),  # v
+             plgpu.SMEM((4, bk), jnp.float32),  # the columns' c hi, c lo, ids, threshold
+             plgpu.SMEM((bk, bq), jnp.float32),  # P^T, for warpgroup 1
+             plgpu.SMEM((bk, bq), q.dtype, transforms=t_tile),  # dS^T
+             plgpu.SMEM((bq, head_dim), jnp.float32, transforms=_smem_tiles(head_dim, jnp.float32)),  # dQ's share
+             plgpu.SMEM((bq,), jnp.float32),  # the rows' sums' share
+             plgpu.SMEM((bk,), jnp.float32),  # dc
+             plgpu.SMEM((1 if f32_shares else 2, bk, head_dim), share_dtype,
+                        transforms=_smem_tiles(head_dim, share_dtype)),  # dK (and dV)
+             plgpu.Barrier(num_arrivals=6),
+             plgpu.Barrier(), plgpu.Barrier()]  # K, V, the vectors; P^T ready; dS^T ready
+  scratch += _operand_tiles(version, (bk, bq), q.dtype, t_tile)  # P^T, warpgroup 0's A operand
+  dk, dv, dc = plgpu.kernel(
+      _named(body, "dkv_dq", version), out_type=(share, share, vector), scratch_types=scratch,
+      grid=(bh_count, seq_len // bk), grid_names=("bh", "k"), num_threads=3, thread_name="wg",
+      interpret=interpret, compiler_params=_compiler_params(version),
+  )(*inputs, dq_sum, sums_sum)
+  dq, sums = dq_sum[...], sums_sum[...]
+  if in_slices:
+    dq, sums = dq.sum(axis=0), sums.sum(axis=0)
+  return dk, dv, dc, dq, sums
+
+
 # ----------------------------------------------------------------------------- the GpuKernels
 
 
@@ -772,13 +980,28 @@ def _backward_dkv(version, q, k, v, ops, do, lse2, delta, static):
   return shapes.summed(dk, k), shapes.summed(dv, v), dc.reshape(shapes.batch, shapes.heads, -1)
 
 
+def _backward(version, q, k, v, ops, do, lse2, delta, static):
+  """(dq, dk, dv, dc) from ``_fused_sweep_call``'s one kernel, dc with both halves."""
+  shapes, operands, options = _prepared(q, k, v, ops, static, version)
+  share_dtype = shapes.key_shares(k).dtype
+  dk, dv, dc, dq, sums = _fused_sweep_call(*operands, do, _flat(lse2), _flat(delta), sm_scale=grad_scale(static),
+                                           share_dtype=share_dtype, **options)
+  return ((dq * grad_scale(static)).astype(q.dtype), shapes.summed(dk, k), shapes.summed(dv, v),
+          (dc + sums).reshape(shapes.batch, shapes.heads, -1))
+
+
 def kernels_of(version):
   """The ``GpuKernels`` of one version."""
+  if version.fused_backward and not version.two_part_output:
+    raise ValueError(f"{version.name}: fused_backward adds dS's rows' sums into dc, which is right only with the "
+                     f"two-part output's delta (two_part_output)")
   kernels = GpuKernels(*(functools.partial(kernel, version) for kernel in (_forward, _row_term, _backward_dq,
                                                                              _backward_dkv)))
   if not version.two_part_output:
     return kernels
-  return kernels._replace(forward_two_part=functools.partial(_forward, version, two_part=True))
+  kernels = kernels._replace(forward_two_part=functools.partial(_forward, version, two_part=True))
+  return kernels._replace(backward=functools.partial(_backward, version)) if version.fused_backward else kernels
+
 
 
 def _register(version, priority):
@@ -796,4 +1019,5 @@ def _register(version, priority):
 # kept to compare the two (compile counts now, times when a GPU is lent).
 mosaic_gpu_attention = _register(V2, priority=10)
 _register(V1, priority=None)
+_register(V2_FUSED, priority=None)  # by name: its dQ is summed by reduce-adds (not deterministic)
 _register(V2_HARDWARE, priority=None)  # "auto" takes it only after gpu_check.sh has passed it on a GPU

@@ -3,8 +3,8 @@ backends' table, backends.py, needs JAX to be imported). Standard library only."
 
 import sys
 
-BUILT_IN = ("auto", "mosaic_gpu", "mosaic_gpu_hw", "mosaic_gpu_v1", "pallas", "pallas_tpu", "reference", "triton",
-            "xla")
+BUILT_IN = ("auto", "mosaic_gpu", "mosaic_gpu_fused", "mosaic_gpu_hw", "mosaic_gpu_v1", "pallas", "pallas_tpu",
+            "reference", "triton", "xla")
 
 
 def known_impls():

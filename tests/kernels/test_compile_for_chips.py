@@ -3,7 +3,8 @@ by the real compilers (lpcjax.aot): XLA's GPU pipeline, Mosaic GPU and ptxas for
 (sm_90a), libtpu's Mosaic for TPU v5e and v6e. An interpreter checks numerics; only these
 compilers say whether a kernel builds, and with how many registers. CI's small grid: bf16 at
 D 64 and 128 with grouped K/V, a window, segments and pruning for the GPU backends (pallas,
-triton, mosaic_gpu and its hardware path), none of which may spill registers, the TPU kernel in
+triton, mosaic_gpu, its one-kernel backward mosaic_gpu_fused and the hardware path), none of which
+may spill registers, the TPU kernel in
 bf16 and float32, the ring's pair kernels over two GPUs, and a FoX training step with the
 backend "auto" picks on an H100 and on a v5e. benchmarks/compile_check.py runs the full grid
 (every backend's training step too) and writes the resource table.
@@ -59,10 +60,10 @@ GPU_CASES = [aot.AttentionCase(impl, "bfloat16", head_dim, 2048, **FEATURES)
 GPU_CASES.append(aot.AttentionCase("pallas", "bfloat16", 128, 4096, context=2, **FEATURES))
 
 
-def assert_built_for_hopper(kernels):
-  """Four kernels, each with a tensor-core loop, shared memory within a block's limit, no register
-  spills and no ptxas warning."""
-  assert len(kernels) == 4, sorted(kernels)
+def assert_built_for_hopper(kernels, count=4):
+  """``count`` kernels, each with a tensor-core loop, shared memory within a block's limit, no
+  register spills and no ptxas warning."""
+  assert len(kernels) == count, sorted(kernels)
   for name, kernel in kernels.items():
     assert kernel.get("smem_bytes") is None or kernel["smem_bytes"] <= SMEM_PER_BLOCK, (name, kernel)
     assert any(loop.get("tensor") for loop in kernel["loops"]), f"{name}: no tensor-core loop"
@@ -87,24 +88,31 @@ def test_forward_and_backward_compile_for_hopper(case):
 @needs_gpu_compiler
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_mosaic_gpu_and_its_hardware_path_compile_for_hopper(h100, head_dim):
-  """Version 2 (impl="mosaic_gpu": forward, the gradient's two-part forward, dQ, dK/dV) and its
-  hardware path, each as test_forward_and_backward_compile_for_hopper asks (version 2's dK/dV
-  spilled 412 B at D = 128 before its accumulators moved in place, docs/kernels_mosaic_gpu.md).
-  The hardware path's kernels are version 2's less exactly the SMEM tiles of the A operands it
-  keeps in registers: P (and P's residual) in the forward, dS in dQ, P^T and dS^T in dK/dV,
-  64 x 64 bf16 each (8 KiB; the forward's per compute warpgroup), and are named with "_hw" so
-  that a profile tells them apart."""
-  v2, hw = (compiled(aot.AttentionCase(impl, "bfloat16", head_dim, 2048, **FEATURES), h100)
-            for impl in ("mosaic_gpu", "mosaic_gpu_hw"))
-  assert_built_for_hopper(v2)
-  assert_built_for_hopper(hw)
-  tile = 64 * 64 * 2
-  saved = {"fwd": 2 * tile, "fwd_two_part": 4 * tile, "dq": tile, "dkv": 2 * tile}
+  """Version 2 (impl="mosaic_gpu": forward, the gradient's two-part forward, dQ, dK/dV), its
+  one-kernel backward (impl="mosaic_gpu_fused": forwards and dK/dV/dQ) and the hardware path
+  (that, with register operands), each as test_forward_and_backward_compile_for_hopper asks
+  (version 2's dK/dV spilled 412 B at D = 128 before its accumulators moved in place; the
+  one-kernel backward 396-780 B while pruning set its sweep's end, docs/kernels_mosaic_gpu.md).
+  The one-kernel backward's loop holds the five matmul units of a tile (both warpgroups' roles);
+  the hardware path's kernels ask the fused ones' SMEM less exactly the tiles of the A operands it
+  keeps in registers: P (and P's residual) in the forward, per compute warpgroup, and P^T in the
+  backward, 64 x 64 bf16 each (8 KiB), and are named with "_hw" so that a profile tells them
+  apart."""
+  v2, fused, hw = (compiled(aot.AttentionCase(impl, "bfloat16", head_dim, 2048, **FEATURES), h100)
+                   for impl in ("mosaic_gpu", "mosaic_gpu_fused", "mosaic_gpu_hw"))
   prefix = "forgetting_attention_mgpu_"
-  assert sorted(v2) == sorted(prefix + kernel for kernel in saved), sorted(v2)
-  assert sorted(hw) == sorted(f"{prefix}{kernel}_hw" for kernel in saved), sorted(hw)
+  assert_built_for_hopper(v2)
+  assert sorted(v2) == sorted(prefix + kernel for kernel in ("fwd", "fwd_two_part", "dq", "dkv")), sorted(v2)
+  tile = 64 * 64 * 2
+  saved = {"fwd": 2 * tile, "fwd_two_part": 4 * tile, "dkv_dq": tile}
+  for kernels, suffix in ((fused, ""), (hw, "_hw")):
+    assert_built_for_hopper(kernels, count=3)
+    assert sorted(kernels) == sorted(prefix + kernel + suffix for kernel in saved), sorted(kernels)
+    units = max(loop.get("units", 0) for loop in kernels[f"{prefix}dkv_dq{suffix}"]["loops"])
+    assert units == 5 * head_dim / 128, units  # S, dP, dV, dK, dQ (a unit: 64 x 64 x 128)
   for kernel, smem in saved.items():
-    assert v2[prefix + kernel]["smem_bytes"] - hw[f"{prefix}{kernel}_hw"]["smem_bytes"] == smem, kernel
+    with_tiles = (v2 if kernel.startswith("fwd") else fused)[prefix + kernel]
+    assert with_tiles["smem_bytes"] - hw[f"{prefix}{kernel}_hw"]["smem_bytes"] == smem, kernel
 
 
 @needs_tpu_compiler

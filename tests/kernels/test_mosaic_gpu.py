@@ -63,10 +63,14 @@ CASES = {
 
 @needs_interpreter
 @pytest.mark.parametrize("name, impl", [(name, "mosaic_gpu") for name in CASES]
-                         + [("bf16-window48-segments", "mosaic_gpu_v1")])
+                         + [("bf16-window48-segments", "mosaic_gpu_v1")]
+                         + [(name, "mosaic_gpu_fused") for name in ("fp16-D128-ragged", "bf16-gqa2-segments",
+                                                                    "bf16-window48-segments")])
 def test_outputs_and_gradients_match_float64(name, impl):
   """Version 2 (impl="mosaic_gpu": interior tiles unmasked, pruning as the sweeps' bounds) on
-  every case; version 1, kept to compare, on the one with every mask."""
+  every case; version 1, kept to compare, on the one with every mask; the one-kernel backward
+  (impl="mosaic_gpu_fused": two warpgroups meeting on barriers, dQ summed over the key blocks) on
+  D = 128, grouped K/V and the window."""
   seq_len, heads, kv_heads, head_dim, dtype, window, starts = CASES[name]
   inputs = case(seq_len, heads, kv_heads, head_dim, dtype)
   segment_ids = None
@@ -128,13 +132,16 @@ def test_o_lo_is_bf16_for_fp16_inputs_where_o_is_small():
 
 
 @needs_interpreter
-def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(monkeypatch):
+@pytest.mark.parametrize("impl", ["mosaic_gpu", "mosaic_gpu_fused"])
+def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(monkeypatch, impl):
+  """The race detector on (for the one-kernel backward: its warpgroups' P^T and dS^T tiles,
+  rewritten each step, on two barriers)."""
   from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as interpreter
   q, k, v, log_f, do = case(128, 1, 1, 64, "bfloat16", seed=1, gates=(0.02, 0.4))
   log_f[:, 70] = -np.inf  # a hard cut: nothing before position 70 is seen after it
   monkeypatch.setattr(mosaic_gpu, "DETECT_RACES", True)
   interpreter.reset_gpu_interpret_mode_state()
-  results = run(q, k, v, log_f, do, "bfloat16")
+  results = run(q, k, v, log_f, do, "bfloat16", impl)
   assert not interpreter.get_races().races_found
   segment_ids = (np.arange(128) >= 70).astype(np.int32)[None]
   truth = float64(q, k, v, np.where(np.isinf(log_f), 0.0, log_f), do, segment_ids)
@@ -154,10 +161,11 @@ def test_the_decay_keeps_its_two_float_parts_far_from_zero():
 
 
 @needs_interpreter
-@pytest.mark.parametrize("impl", ["mosaic_gpu", "mosaic_gpu_v1"])
+@pytest.mark.parametrize("impl", ["mosaic_gpu", "mosaic_gpu_v1", "mosaic_gpu_fused"])
 def test_pruning_skips_decayed_tiles_unread_and_stays_within_its_bound(impl):
-  """Version 2's sweeps start (dQ) and end (dK/dV) where pruning allows; version 1 tests each tile:
-  both skip the same tiles, and neither reads a skipped tile's values."""
+  """Version 2's sweeps start (dQ) and end (dK/dV) where pruning allows; version 1 and the
+  one-kernel backward test each tile: all skip the same tiles, and none reads a skipped tile's
+  values."""
   q, k, v, log_f, do = case(256, 1, 1, 64, "float16", gates=(0.05, 0.2))
   epsilon = 1e-2
   pruned = run(q, k, v, log_f, do, "float16", impl, prune_epsilon=epsilon)
@@ -184,7 +192,8 @@ LOWERED = {
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name, impl", [(name, impl) for name in LOWERED for impl in ("mosaic_gpu", "mosaic_gpu_hw")])
+@pytest.mark.parametrize("name, impl", [(name, impl) for name in LOWERED
+                                         for impl in ("mosaic_gpu", "mosaic_gpu_hw", "mosaic_gpu_fused")])
 def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name, impl):
   """The Python half of Mosaic GPU's compile for sm_90 runs without a GPU (jax assumes 9.0):
   layout inference, wgmma's shape and transpose rules, the 227 KiB shared-memory budget, which
@@ -204,11 +213,14 @@ def test_forward_and_backward_lower_for_hopper_without_a_gpu(monkeypatch, name, 
   if segments:
     args += (jax.ShapeDtypeStruct((1, seq_len), jnp.int32),)
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(*args).lower(lowering_platforms=("cuda",))
+  # the two-part forward, then dQ and dK/dV (no row-term kernel), or the one-kernel backward
+  expected = ("fwd_two_part", "dq", "dkv") if impl == "mosaic_gpu" else ("fwd_two_part", "dkv_dq")
   kernels = re.findall(r"custom_call @(mosaic_gpu\w*)", lowered.as_text())
-  assert len(kernels) == 3, kernels  # the two-part forward, dQ, dK/dV (no row-term kernel): each Mosaic GPU
-  names = set(re.findall(r"forgetting_attention_mgpu_(fwd_two_part|dq|dkv)(_hw)?_mosaic_gpu", lowered.as_text()))
+  assert len(kernels) == len(expected), kernels
+  names = set(re.findall(r"forgetting_attention_mgpu_(fwd_two_part|dkv_dq|dq|dkv)(_hw)?_mosaic_gpu",
+                         lowered.as_text()))
   suffix = "_hw" if impl == "mosaic_gpu_hw" else ""  # a profile tells the hardware path's kernels apart
-  assert names == {(kernel, suffix) for kernel in ("fwd_two_part", "dq", "dkv")}, names
+  assert names == {(kernel, suffix) for kernel in expected}, names
   # TMA reads and writes q, k, v, dO and the outputs in the caller's [B, T, H, D] (mosaic_gpu._head):
   # no heads-major copy of any of them on either side of the kernels
   copies = re.findall(r"stablehlo.transpose [^\n]*\(tensor<1x\d+x\d+x%dx" % head_dim, lowered.as_text())
@@ -225,6 +237,17 @@ def test_what_it_cannot_run_is_refused_in_one_line(impl, dtype, head_dim, messag
   with pytest.raises(ValueError) as error:
     forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl=impl, interpret=True)
   assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_one_kernel_backward_is_refused_interpreted_where_it_would_hang(monkeypatch):
+  """Its three warpgroups run as three XLA computations at once, two waiting on each other: on a
+  2-core machine with 1 or 2 host devices the interpreter hangs (measured), with 3 it runs."""
+  monkeypatch.setattr(mosaic_gpu.os, "cpu_count", lambda: 2)
+  monkeypatch.setattr(jax, "local_device_count", lambda *backend: 2)
+  x = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+  with pytest.raises(ValueError) as error:
+    forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl="mosaic_gpu_fused", interpret=True)
+  assert "--xla_force_host_platform_device_count=3" in str(error.value) and "\n" not in str(error.value)
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="a GPU is present")

@@ -242,7 +242,8 @@ def test_what_it_cannot_run_is_refused_in_one_line(impl, dtype, head_dim, messag
 def test_the_one_kernel_backward_is_refused_interpreted_where_it_would_hang(monkeypatch):
   """Its three warpgroups run as three XLA computations at once, two waiting on each other: on a
   2-core machine with 1 or 2 host devices the interpreter hangs (measured), with 3 it runs."""
-  monkeypatch.setattr(mosaic_gpu.os, "cpu_count", lambda: 2)
+  monkeypatch.setattr(mosaic_gpu.os, "cpu_count", lambda: 2)  # a 2-core machine, whatever this one is
+  monkeypatch.setattr(mosaic_gpu.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
   monkeypatch.setattr(jax, "local_device_count", lambda *backend: 2)
   x = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
   with pytest.raises(ValueError) as error:

@@ -728,23 +728,15 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
   )(*inputs)
 
 
-def _add_share(value, stage, dst, in_slices):
-  """Adds ``value`` (a tile's share of dQ, or of dS's rows' sums) into the float32 sum ``dst`` in
-  HBM: staged through float32 SMEM (rewritten once the last share's store has read it) and
-  reduce-added by TMA, or under the interpreter, which has no reduce-add, stored into this key
-  block's own slice (``_fused_sweep_call``)."""
-  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-  stage[...] = value
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(stage, dst, reduction_op=None if in_slices else "add")
-
-
-def _store(value, stage, dst):
-  """``value`` written to ``dst`` in HBM through the SMEM tile ``stage``, in its dtype."""
+def _store(value, stage, dst, add=False):
+  """``value`` written to ``dst`` in HBM through the SMEM tile ``stage`` (rewritten once the last
+  store from it has read it), in the stage's dtype; with ``add``, added into ``dst`` by a TMA
+  reduce-add (``_fused_sweep_call``'s shares of dQ and of dS's rows' sums; JAX's interpreter has
+  none, so there each key block stores its shares into a slice of its own instead)."""
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
   stage[...] = value.astype(stage.dtype)
   plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(stage, dst)
+  plgpu.copy_smem_to_gmem(stage, dst, reduction_op="add" if add else None)
 
 
 def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, group, scale2, sm_scale, window,
@@ -851,7 +843,7 @@ def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
         plgpu.wgmma(acc, p_operand, do_s)  # dV += P^T dO
         plgpu.barrier_wait(ds_ready)
         dq = _matmul(ds_s.T, k_s, (bq, head_dim))  # dS K (reading it waits for dV's product too)
-        _add_share(dq, dq_s, _head(dq_ref, bh, heads).at[pl.ds(q0, bq)], in_slices)
+        _store(dq, dq_s, _head(dq_ref, bh, heads).at[pl.ds(q0, bq)], add=not in_slices)
         return dc
 
       def scores_grad_dk(dc):  # warpgroup 1
@@ -862,7 +854,7 @@ def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
         plgpu.commit_smem()
         plgpu.barrier_arrive(ds_ready)
         plgpu.wgmma(acc, ds_s, q_s)  # dK += dS^T Q, from the tile warpgroup 0 reads too
-        _add_share(ds_t.sum(axis=0), sums_s, sums_ref.at[bh, pl.ds(q0, bq)], in_slices)
+        _store(ds_t.sum(axis=0), sums_s, sums_ref.at[bh, pl.ds(q0, bq)], add=not in_slices)
         return dc - ds_t.sum(axis=1)
 
       def tile_update(dc):

@@ -99,9 +99,9 @@ def interior_build():
   """Every tile of version 2 takes the unmasked arm: the instructions an interior tile runs."""
   from lpcjax.kernels import mosaic_gpu
   original = mosaic_gpu._logits2
-  mosaic_gpu._logits2 = lambda scores, queries, keys, scale2, window, masks_only_where_needed=False: (
-      mosaic_gpu._decayed_logits2(scores, queries, keys, scale2) if masks_only_where_needed
-      else original(scores, queries, keys, scale2, window))
+  mosaic_gpu._logits2 = lambda scores, queries, keys, scale2, window, masks_only_where_needed=False, columns=None: (
+      mosaic_gpu._unmasked_logits2(scores, queries, keys, scale2, columns) if masks_only_where_needed
+      else original(scores, queries, keys, scale2, window, columns=columns))
   return lambda: setattr(mosaic_gpu, "_logits2", original)
 
 

@@ -11,7 +11,8 @@ split each tile's matmuls by role. docs/kernels_mosaic_gpu.md has the design, th
 Same algorithm and contracts as pallas_gpu.py (the ``GpuKernels`` of gpu_calls.py, through the
 shared custom_vjp of vjp.py): base-2 logits, c = cumsum log f as decay.py's two float32 parts
 whose difference (hi_i - hi_j) + (lo_i - lo_j) is built in the accumulator's layout from a row
-vector and a column vector (never a [T, T] array), then scaled by log2 e; the forward writes o
+vector and a column vector (never a [T, T] array), then scaled by log2 e (version 2 folds it:
+one FMA's addend and a term of the running maximum or lse, ``Version.folded_decay``); the forward writes o
 and the base-2 lse; the backward runs a dQ kernel per query block and a dK/dV/dc kernel per key
 block (dc_j = -sum_i dS_ij), or one kernel per key block that also adds dQ's shares into HBM
 (``_fused_sweep_call``), and for bf16/fp16 (version 1) a row-term kernel (delta) on the dQ
@@ -74,6 +75,12 @@ COMPUTE_WGS = 2  # the forward's compute warpgroups (a third issues the copies)
 TILES = BlockSizes(block_q=WG_ROWS * COMPUTE_WGS, block_k=64, block_q_dkv=64, block_k_dkv=64,
                    block_q_dq=64, block_k_dq=64)
 STAGES = 2  # SMEM stages of the K/V ring
+# Version.folded_decay measures each position's decay from its block's anchor, position ANCHOR of
+# ANCHOR_BLOCK (the middle: no position is more than half a block's decay from it); every side of
+# every tile is one such block, so that one gap (two anchors) serves a whole tile
+ANCHOR_BLOCK, ANCHOR = 64, 32
+assert {WG_ROWS, TILES.block_k, TILES.block_q_dq, TILES.block_k_dq, TILES.block_q_dkv, TILES.block_k_dkv} == {
+    ANCHOR_BLOCK}
 # o's second part (Version.two_part_output) is bf16 for fp16 inputs too: o - fp16(o) is about
 # 2^-11 |o| and falls into fp16's subnormals where |o| is below about 0.06
 O_LO_DTYPE = jnp.bfloat16
@@ -126,6 +133,21 @@ class Version:
     other) and dQ's shares are reduce-added into float32 in HBM, so dQ's rounding depends on the
     order the key blocks finish (not deterministic; version 2's two kernels are). Named on the
     tested path (``impl="mosaic_gpu_fused"``), and the hardware path's backward.
+  * ``folded_decay``: the decay costs one FMA per element instead of five operations (two
+    subtractions and an addition of c's parts, a multiply and an FMA). Each block of 64 positions
+    has an anchor (its position ``ANCHOR``) and each position carries, instead of c's low part,
+    its decay from its block's anchor, e_t = (c_t - hi_anchor) log2 e (``_in_block_decay2``:
+    float32, a small number). A tile's decay is then (c_i - c_j) log2 e = gap + e_i - e_j, gap =
+    (hi at the queries' anchor - hi at the keys' anchor) log2 e (two scalar reads). The columns'
+    part (the side the sweep moves along) is the logits' FMA's addend; the rows' part, with the
+    gap, joins what every element subtracts anyway, the running maximum (forward) or lse
+    (backward): two values a thread per tile (``_probabilities``). Error: a weight's logit rounds
+    at the size of those terms, up to the decay across half a block plus |scale q.k|, where the
+    unfolded difference rounds at |c_i - c_j|: so the decay inside a block sets it, not |c|.
+    Measured (fp16, against float64): the same with gates near 1, d log f 7 times the unfolded
+    one's (5.8e-6 against 8.4e-7) with log f in [-4, -1], 1.7e-4 with one step of -1e4 inside
+    a block, near the other gradients' fp16 rounding (benchmarks/mosaic_gpu_decay_fold.py,
+    docs/kernels_mosaic_gpu.md).
   """
 
   name: str
@@ -137,12 +159,13 @@ class Version:
   hardware_only: bool = False
   approx_math: bool = False
   fused_backward: bool = False
+  folded_decay: bool = False
 
 
 V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False,
              two_part_output=False, in_place_accumulators=False)  # to compare
 V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True, two_part_output=True,
-             in_place_accumulators=True)
+             in_place_accumulators=True, folded_decay=True)
 # by name, until a GPU checks it
 # its backward tests each tile for pruning (``_fused_sweep_call``): no bounds to build
 V2_FUSED = dataclasses.replace(V2, name="mosaic_gpu_fused", fused_backward=True, pruned_bounds=False)
@@ -325,11 +348,17 @@ def _across(x, shape, axis):
 
 class _Positions:
   """One side of a tile (its rows, ``axis`` 0, or columns, 1): first position and the SMEM
-  vectors of c's two parts and the segment ids (and the refs, for scalar reads of its ends)."""
+  vectors of c's high part, its second vector (decay.py's low part, or with
+  ``Version.folded_decay`` the decay from the block's anchor, ``_in_block_decay2``) and the
+  segment ids (and the refs, for scalar reads)."""
 
-  def __init__(self, start, hi, lo, seg, axis):
+  def __init__(self, start, hi, second, seg, axis, anchor=None):
     self.start, self.axis, self.hi_ref, self.seg_ref, self.size = start, axis, hi, seg, hi.shape[0]
-    self.hi, self.lo, self.seg = _rows(hi, axis), _rows(lo, axis), _rows(seg, axis)
+    # c's high part at the block's anchor (Version.folded_decay), read where the side is built
+    # unless given: before the sweep for dQ's rows and dK/dV's keys, every step for the forward's
+    # rows (rebuilt in each step) and for the one-kernel backward's keys (read once by the kernel)
+    self.anchor = hi[ANCHOR] if anchor is None else anchor
+    self.hi, self.second, self.seg = _rows(hi, axis), _rows(second, axis), _rows(seg, axis)
 
   def positions(self):
     """The side's positions, a vector in its layout."""
@@ -355,7 +384,7 @@ def _decayed_logits2(scores, queries, keys, scale2):
   two parts (decay.py)."""
   shape = scores.shape
   decay = ((_across(queries.hi, shape, queries.axis) - _across(keys.hi, shape, keys.axis))
-           + (_across(queries.lo, shape, queries.axis) - _across(keys.lo, shape, keys.axis)))
+           + (_across(queries.second, shape, queries.axis) - _across(keys.second, shape, keys.axis)))
   return scores * scale2 + decay * LOG2_E
 
 
@@ -369,13 +398,47 @@ def _masked(s, queries, keys, window):
   return jnp.where(visible, s, -jnp.inf)
 
 
-def _logits2(scores, queries, keys, scale2, window, masks_only_where_needed=False):
+def _unmasked_logits2(scores, queries, keys, scale2, columns=None):
+  """``_logits2`` before the masks."""
+  if columns is None:
+    return _decayed_logits2(scores, queries, keys, scale2)
+  return scores * scale2 + _across(columns, scores.shape, 1)
+
+
+def _logits2(scores, queries, keys, scale2, window, masks_only_where_needed=False, columns=None):
   """Base-2 logits of a tile, -inf where masked. With ``masks_only_where_needed`` an interior
-  tile (``_interior``) skips the masks."""
-  s = _decayed_logits2(scores, queries, keys, scale2)
+  tile (``_interior``) skips the masks. With ``columns`` (``Version.folded_decay``) the decay is
+  that vector along the columns, scale q.k + columns in one FMA: the rows' part of the decay is
+  left to the caller (``_probabilities``)."""
+  s = _unmasked_logits2(scores, queries, keys, scale2, columns)
   if not masks_only_where_needed:
     return _masked(s, queries, keys, window)
   return lax.cond(_interior(queries, keys, window), lambda s: s, lambda s: _masked(s, queries, keys, window), s)
+
+
+def _gap2(queries, keys):
+  """``Version.folded_decay``'s gap between a tile's two anchors, (hi at the queries' anchor - hi
+  at the keys' anchor) log2 e: two scalar SMEM reads, one rounding of their difference (none where
+  they are within a factor 2). The decay is then gap + e_i - e_j."""
+  return (queries.anchor - keys.anchor) * LOG2_E
+
+
+def _probabilities(scores, queries, keys, lse2, scale2, window, version, masks_only_where_needed=False):
+  """P of a tile in the backward, exp2(logits - lse), from its scores (S with the queries as rows,
+  or S^T with the keys as rows: the backward's sweeps run both) and the queries' base-2 lse (a
+  vector along the queries). Folded (``Version.folded_decay``): the columns' part of the decay
+  goes into the logits' FMA, and the rows' part with the gap (two values a thread) into the
+  vector every element subtracts: no per-element work beyond the FMA and that subtraction."""
+  if not version.folded_decay:
+    s = _logits2(scores, queries, keys, scale2, window, masks_only_where_needed)
+    return jnp.exp2(s - _across(lse2, s.shape, queries.axis))
+  gap = _gap2(queries, keys)
+  if queries.axis == 0:  # rows: the queries; exp2(s - e_j - (lse_i - e_i - gap))
+    columns, rows = -keys.second, lse2 - queries.second - gap
+  else:  # rows: the keys; exp2(s + e_i - lse_i - (e_j - gap))
+    columns, rows = queries.second - lse2, keys.second - gap
+  s = _logits2(scores, queries, keys, scale2, window, masks_only_where_needed, columns)
+  return jnp.exp2(s - _across(rows, s.shape, 0))
 
 
 def _prunable(queries, keys, thr):
@@ -421,7 +484,7 @@ def _from_block(first, shape, transforms=()):
 
 
 def _key_specs(first, block, head_dim, tile):
-  """K, V tiles and the columns' c hi, c lo and ids, from key block ``first`` on."""
+  """K, V tiles and the columns' c hi, second vector and ids, from key block ``first`` on."""
   return ([_from_block(first, (block, head_dim), tile)] * 2 + [_from_block(first, (block,))] * 3)
 
 
@@ -479,7 +542,10 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
       o_s.at[wg][...] = o.astype(o_s.dtype)
       if two_part:  # o's rounding residual, in bf16 (see O_LO_DTYPE)
         o_lo_s.at[wg][...] = (o - o.astype(o_s.dtype).astype(jnp.float32)).astype(O_LO_DTYPE)
-      lse_s.at[wg][...] = m + jnp.log2(l)
+      lse = m + jnp.log2(l)
+      if version.folded_decay:  # the rows' own part of the decay, left out of m
+        lse += _rows(rows_s.at[wg, 1], 0)
+      lse_s.at[wg][...] = lse
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_s.at[wg], _head(o_ref, bh, heads).at[rows])
       if two_part:
@@ -494,10 +560,16 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
 
       def tile_update(carry):
         acc, m, l = carry
-        s = _logits2(_matmul(q_s.at[wg], k_s.T, (bq, bk)), queries, keys, scale2, window, version.unmasked_interior)
-        m_new = jnp.maximum(m, s.max(axis=1))
+        scores = _matmul(q_s.at[wg], k_s.T, (bq, bk))
+        if not version.folded_decay:
+          s = _logits2(scores, queries, keys, scale2, window, version.unmasked_interior)
+          m_new = jnp.maximum(m, s.max(axis=1))
+        else:  # s less the rows' part of the decay, gap + e_i; m less e_i (_probabilities)
+          s = _logits2(scores, queries, keys, scale2, window, version.unmasked_interior, -keys.second)
+          gap = _gap2(queries, keys)
+          m_new = jnp.maximum(m, s.max(axis=1) + gap)
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with no key seen yet stay at zero
-        p = jnp.exp2(s - _across(m_safe, s.shape, 0))
+        p = jnp.exp2(s - _across(m_safe - gap if version.folded_decay else m_safe, s.shape, 0))
         alpha = jnp.exp2(m - m_safe)
         values = [p]  # P: wgmma's A operand
         if two_part:  # and P's rounding residual, so that o + o_lo is P V to float32's precision
@@ -522,7 +594,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
   o = jax.ShapeDtypeStruct(q.shape, q.dtype)
   scratch = [plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q (and o_lo in bf16)
              plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # o
-             plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, c lo, ids, threshold
+             plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, second vector, ids, threshold
              plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),  # lse
              plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)]
   o_lo = (jax.ShapeDtypeStruct(q.shape, O_LO_DTYPE),) if two_part else ()
@@ -581,13 +653,13 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
         keys = _Positions((index[0] + first) * bk, k_hi, k_lo, k_seg, axis=1)
 
         def tile_update(carry):
-          s = _logits2(_matmul(q_s, k_s.T, (bq, bk)), queries, keys, scale2, window, version.unmasked_interior)
-          p = jnp.exp2(s - _across(lse2, s.shape, 0))
+          p = _probabilities(_matmul(q_s, k_s.T, (bq, bk)), queries, keys, lse2, scale2, window, version,
+                             version.unmasked_interior)
           dp = _matmul(do_s, v_s.T, (bq, bk))
           if row_term:
             return carry + (p * dp).sum(axis=1)
           dq, sums = carry
-          ds = p * (dp - _across(delta_rows, s.shape, 0))
+          ds = p * (dp - _across(delta_rows, p.shape, 0))
           if row_sums:
             sums = sums + ds.sum(axis=1)
           ds_operand, = _a_operands([ds], q.dtype, ds_tiles)
@@ -627,7 +699,7 @@ def _query_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
       _named(body, "row_term" if row_term else "dq", version), out_type=(out, vector) if row_sums else out,
       scratch_types=[plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # q
                      plgpu.SMEM((bq, head_dim), q.dtype, transforms=tile),  # dO
-                     # the rows' c hi, c lo, ids, lse, delta, threshold (and first key block)
+                     # the rows' c hi, second vector, ids, lse, delta, threshold (and first key block)
                      plgpu.SMEM((vectors, bq), jnp.float32),
                      out_smem] + [plgpu.SMEM((bq,), jnp.float32)] * row_sums  # (the rows' sums of dS)
                     + [plgpu.Barrier(num_arrivals=2 + vectors)]
@@ -677,14 +749,14 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
         def tile_update(carry):
           dk, dv, dc = carry
           # masks on every tile, whatever the version: the interior branch costs this kernel spills
-          # at D = 128 (version 2: 255 registers and 68 B with it, 251 and none without;
+          # at D = 128 (version 2: 255 registers and 68 B with it, 251 and none without; with the
+          # folded decay 52 B with it, 248 and none without;
           # benchmarks/mosaic_gpu_static.py)
-          s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, scale2, window)
-          p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
+          p_t = _probabilities(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, _rows(q_lse, 1), scale2, window, version)
           p_operand, = _a_operands([p_t], q.dtype, p_tiles)
           dv = _accumulate(dv_acc, dv, p_operand, do_s)  # dV += P^T dO
           dp_t = _matmul(v_s, do_s.T, (bk, bq))  # dP^T = V dO^T (reading it waits for dV's product)
-          ds_t = p_t * (dp_t - _across(_rows(q_delta, 1), s_t.shape, 1))
+          ds_t = p_t * (dp_t - _across(_rows(q_delta, 1), p_t.shape, 1))
           ds_operand, = _a_operands([ds_t], q.dtype, ds_tiles)
           return _accumulate(dk_acc, dk, ds_operand, q_s), dv, dc - ds_t.sum(axis=1)  # dK += dS^T Q
 
@@ -717,7 +789,7 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
       out_type=(share, share, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
       scratch_types=[plgpu.SMEM((bk, head_dim), k.dtype, transforms=tile),  # k
                      plgpu.SMEM((bk, head_dim), v.dtype, transforms=tile),  # v
-                     # the columns' c hi, c lo, ids, threshold (and end query block)
+                     # the columns' c hi, second vector, ids, threshold (and end query block)
                      plgpu.SMEM((4 + len(ends), bk), jnp.float32),
                      plgpu.SMEM((2, bk, head_dim), share_dtype, transforms=out_tile),  # dK, dV
                      plgpu.SMEM((bk,), jnp.float32),  # dc
@@ -804,6 +876,8 @@ def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
         plgpu.copy_gmem_to_smem(ref.at[bh, cols], cols_s.at[i], kv_bar)
     plgpu.barrier_wait(kv_bar)
     first, end = _query_range(k0, bk, bq, seq_len // bq, window)
+    # the keys' anchor read once: read in the sweep, 48 B of spills at D = 128 (folded_decay)
+    k_anchor = cols_s.at[0][ANCHOR]
     if in_slices:
       dq_ref, sums_ref = dq_ref.at[block], sums_ref.at[block]
     accumulator = []  # the warpgroup's (dV's on 0, dK's on 1), live across the sweep: set below
@@ -830,12 +904,11 @@ def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
       q0 = (index[0] + first) * bq
       # the tile's two sides, loaded where they are used (S^T: the keys are its rows)
       sides = lambda: (_Positions(q0, q_hi, q_lo, q_seg, axis=1),
-                       _Positions(k0, *(cols_s.at[i] for i in range(3)), axis=0))
+                       _Positions(k0, *(cols_s.at[i] for i in range(3)), axis=0, anchor=k_anchor))
       acc, = accumulator
 
       def probabilities_dv_dq(dc):  # warpgroup 0
-        s_t = _logits2(_matmul(k_s, q_s.T, (bk, bq)), *sides(), scale2, window)
-        p_t = jnp.exp2(s_t - _across(_rows(q_lse, 1), s_t.shape, 1))
+        p_t = _probabilities(_matmul(k_s, q_s.T, (bk, bq)), *sides(), _rows(q_lse, 1), scale2, window, version)
         p_s[...] = p_t
         p_operand, = _a_operands([p_t], q.dtype, p_tiles)
         plgpu.commit_smem()  # p_s's store (on the tested path _a_operands has committed it already)
@@ -862,8 +935,10 @@ def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
       # both warpgroups skip the same tiles (the forward's), barriers and all
       return _in_flight_done(True, _unless_pruned(prune, *sides(), cols_s.at[3][0], tile_update, dc))
 
+    # the copying warpgroup keeps 32 registers, the two compute warpgroups get 240 each: with 40
+    # (232) the folded decay left 12 B of spills at D = 128
     plgpu.emit_pipeline_warp_specialized(
-        step, grid=(end - first,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+        step, grid=(end - first,), memory_registers=32, wg_axis="wg", num_compute_wgs=2,
         max_concurrent_steps=STAGES, compute_context=compute_context,
         in_specs=[_from_block(first, (bq, head_dim), tile)] * 2 + [_from_block(first, (bq,))] * 5,
     )(_head(q_ref, bh, heads), _head(do_ref, bh, heads),
@@ -873,7 +948,7 @@ def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
   vector = jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)
   scratch = [plgpu.SMEM((bk, head_dim), k.dtype, transforms=tile),  # k
              plgpu.SMEM((bk, head_dim), v.dtype, transforms=tile),  # v
-             plgpu.SMEM((4, bk), jnp.float32),  # the columns' c hi, c lo, ids, threshold
+             plgpu.SMEM((4, bk), jnp.float32),  # the columns' c hi, second vector, ids, threshold
              plgpu.SMEM((bk, bq), jnp.float32),  # P^T, for warpgroup 1
              plgpu.SMEM((bk, bq), q.dtype, transforms=t_tile),  # dS^T
              plgpu.SMEM((bq, head_dim), jnp.float32, transforms=_smem_tiles(head_dim, jnp.float32)),  # dQ's share
@@ -917,6 +992,14 @@ def _prune_bounds(hi, thr, block):
   return per_position(pruned.sum(axis=2)), per_position(pruned.shape[1] - pruned.sum(axis=1))
 
 
+def _in_block_decay2(c):
+  """``Version.folded_decay``'s second vector: e_t = (c_t - hi at its block's anchor) log2 e, per
+  position of c (decay.py's two parts [B, H, T], T a multiple of ANCHOR_BLOCK), formed from the
+  parts (hi's difference exact within a factor 2, as in decay.difference)."""
+  anchors = jnp.repeat(c.hi[..., ANCHOR::ANCHOR_BLOCK], ANCHOR_BLOCK, axis=-1)
+  return ((c.hi - anchors) + c.lo) * LOG2_E
+
+
 def _prepared(q, k, v, ops, static, version):
   if static.pair:
     raise ValueError("forgetting_attention: impl='mosaic_gpu' has no context-parallel path yet")
@@ -929,7 +1012,8 @@ def _prepared(q, k, v, ops, static, version):
   # segment's id), so that equal ids at a tile's corners mean one segment (``_interior``): no
   # pair of real positions changes, padded keys stay behind the causal mask, padded rows are cut
   seg = lax.cummax(ops.seg_q, axis=ops.seg_q.ndim - 1)
-  vectors = (hi, _flat(ops.c_q.lo), _flat(seg).astype(jnp.float32), thr)
+  second = _in_block_decay2(ops.c_q) if version.folded_decay else ops.c_q.lo
+  vectors = (hi, _flat(second), _flat(seg).astype(jnp.float32), thr)
   bounds = None
   if static.prune and version.pruned_bounds:
     assert TILES.block_q_dq == TILES.block_k_dq == TILES.block_q_dkv == TILES.block_k_dkv  # one tile grid

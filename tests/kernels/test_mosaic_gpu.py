@@ -111,7 +111,8 @@ def test_the_forward_without_a_gradient_runs_the_one_part_kernel(monkeypatch):
 def test_the_row_term_read_off_the_two_part_output_keeps_d_log_f_exact(monkeypatch):
   """Version 2 has no row-term kernel: the forward run for a gradient writes o in two parts (P's
   rounding residual times V included), delta_i = dO_i . (o_i + o_lo_i), and the dQ kernel adds the
-  rows' sums of dS to dc (row_term.py). d log f measured 4.6e-6 here (version 1's row term 9.4e-7);
+  rows' sums of dS to dc (row_term.py). d log f measured 4.3e-6 here (4.6e-6 without the folded
+  decay; version 1's row term 9.4e-7);
   delta from the bf16 output alone gives 4.1e-3 (2.9e-2 without the rows' sums: the official FoX
   kernel's route)."""
   inputs = case(512, 1, 1, 64, "bfloat16", gates=(0.3, 1.0))
@@ -124,7 +125,8 @@ def test_the_row_term_read_off_the_two_part_output_keeps_d_log_f_exact(monkeypat
 @needs_interpreter
 def test_o_lo_is_bf16_for_fp16_inputs_where_o_is_small():
   """o's second part is o - fp16(o), about 2^-11 |o|: in fp16 it would fall into the subnormals
-  where |o| is small (V scaled by 0.01 here), d log f 1.5e-5; in bf16 5.0e-7 (measured)."""
+  where |o| is small (V scaled by 0.01 here), d log f 1.5e-5; in bf16 7.0e-7 (5.0e-7 without the
+  folded decay; measured)."""
   q, k, v, log_f, do = case(512, 1, 1, 64, "float16", gates=(0.99, 1.0))
   v = np.asarray(jnp.asarray(v * 0.01, jnp.float16).astype(jnp.float32))
   errors = relative_errors(run(q, k, v, log_f, do, "float16"), float64(q, k, v, log_f, do))
@@ -152,7 +154,9 @@ def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(monkeypatch, impl
 @needs_interpreter
 def test_the_decay_keeps_its_two_float_parts_far_from_zero():
   """c offset by 5e4 (log f_0 lowered: no weight changes) with strong gates, float16: as exact as
-  at offset 0 (d log f 1.5e-6 either way), where a float32 c gives 6.6e-4 (decay.py, issue #34)."""
+  at offset 0, where a float32 c gives 6.6e-4 (decay.py, issue #34). d log f measured 2.1e-6 at
+  offset 5e4 and 3.2e-6 at 0 with version 2's folded decay, 5.5e-7 either way unfolded
+  (benchmarks/mosaic_gpu_decay_fold.py --seq-len 256 --seeds 0)."""
   q, k, v, log_f, do = long_context_inputs(0, 1, 256, 1, 64, (-4.0, -1.0), c_offset=5e4)
   rounded = lambda x: np.asarray(jnp.asarray(x, jnp.float16).astype(jnp.float32))
   q, k, v, do = map(rounded, (q, k, v, do))
@@ -279,3 +283,31 @@ def test_the_pruned_bounds_are_the_tiles_the_per_tile_test_skips():
     for j in range(blocks):
       assert list(pruned[row, :, j]) == [r >= ends[row, j] for r in range(blocks)]
   assert starts[0].any() and not starts[2].any()
+
+
+@pytest.mark.parametrize("gates, offset", [((-4.0, -1.0), 5e4), ((-0.03, 0.0), 0.0)])
+def test_the_folded_decay_is_the_two_part_difference_split_at_the_anchors(gates, offset):
+  """Version 2's folded decay (Version.folded_decay; plain XLA and float32 arithmetic: tested on
+  every leg): gap + e_i - e_j, gap from the high parts at the two blocks' anchors, e from
+  _in_block_decay2, is (c_i - c_j) log2 e to within a few roundings of the terms' sizes, c far from
+  zero included; with c's low part dropped (a float32 c) it is not."""
+  from lpcjax.kernels import decay
+  rng = np.random.default_rng(0)
+  seq_len, block, anchor = 256, mosaic_gpu.ANCHOR_BLOCK, mosaic_gpu.ANCHOR
+  log_f = rng.uniform(*gates, size=(1, seq_len))
+  log_f[:, 0] -= offset
+  exact = np.cumsum(log_f, axis=1)[0] * np.log2(np.e)  # float64
+  c = decay.cumsum(jnp.asarray(log_f, jnp.float32))
+
+  def folded(c):
+    e = np.asarray(mosaic_gpu._in_block_decay2(c))[0]
+    anchors = np.asarray(c.hi)[0, anchor::block]
+    blocks = np.arange(seq_len) // block
+    gap = (anchors[blocks][:, None] - anchors[blocks][None, :]) * np.float32(np.log2(np.e))  # float32, as the kernels
+    return gap + e[:, None] - e[None, :], np.abs(gap) + np.abs(e[:, None]) + np.abs(e[None, :])
+
+  decay2, size = folded(c)
+  error = np.abs(decay2 - (exact[:, None] - exact[None, :]))
+  assert np.all(error <= 2 ** -21 * size + 1e-6), np.max(error - 2 ** -21 * size)
+  dropped, _ = folded(c._replace(lo=jnp.zeros_like(c.lo)))
+  assert (np.max(np.abs(dropped - (exact[:, None] - exact[None, :]))) > 1e-3) == (offset > 0)

@@ -11,8 +11,10 @@ loop holding the tensor-core instructions; a kernel whose masks are a branch has
 through it, so each path is its own build):
 
 * units: the warpgroup's matmul work per trip in 64 x 64 x 128 units (from the HGMMA shapes);
-* instructions: the loop's, of the heavier copy where ptxas made two of the tile loop (most
-  kernels: which tiles run which copy does not show in the code), the lighter copy's beside it;
+* instructions: the loop's (the heavier where ptxas made two copies of a tile loop, the
+  lighter's beside it; none of these kernels has two: the "heavier copies" of earlier runs were
+  the ranges of mbarrier waits' retries, placed after the kernel's exit, that
+  compiler_reports.sass_mix now leaves out);
 * per element (of the heavier copy): the loop's instructions of each class (exp = MUFU, fp32, integer and other,
   loads and stores, synchronisation, control) per score element of the tile (the tile's
   elements over the warpgroup's 128 threads: 32 for a 64 x 64 tile).

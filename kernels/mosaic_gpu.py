@@ -122,8 +122,8 @@ class Version:
     first step).
   * ``approx_math`` (Mosaic GPU's compiler option): exp2 and log2 as the bare MUFU instructions
     (``ex2.approx.ftz``, ``lg2.approx.ftz``), without the denormal handling ptxas adds to the
-    default lowering's ``ex2.approx.f32`` (three instructions per element): 96 to 156 fewer
-    instructions per trip of each tile loop at D = 128 (docs). What changes: a weight below 2^-126
+    default lowering's ``ex2.approx.f32`` (three instructions per element): 96 fewer per trip of
+    a 64 x 64 tile loop's exp (docs). What changes: a weight below 2^-126
     of its row's running maximum (forward) or of 2^lse (backward) becomes 0, and lse is within
     about 2^-22. On the hardware path only, as JAX's interpreter computes both exactly: only a
     GPU shows the difference.

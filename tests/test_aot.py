@@ -75,6 +75,31 @@ def test_the_instruction_mix_counts_the_tensor_core_loop_only():
                              "control": 1}]
 
 
+RETRY_SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R0 ;
+        /*0020*/              @!P0 BRA `(.L_x_3) ;
+.L_x_2:
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0040*/                   MUFU.EX2 R3, R2 ;
+        /*0050*/               @P1 BRA `(.L_x_1) ;
+        /*0060*/                   FADD R4, R3, R5 ;
+        /*0070*/                   EXIT ;
+.L_x_3:
+        /*0080*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R0 ;
+        /*0090*/              @!P0 BRA `(.L_x_3) ;
+        /*00a0*/                   BRA `(.L_x_2) ;
+"""
+
+
+def test_a_wait_retried_after_the_exit_is_no_loop():
+  """ptxas puts an mbarrier wait's retry after the exit, from where it jumps back into the loop:
+  that backward branch's range (the loop's rest, the exit, the retry) is not a loop, so the tile
+  loop alone is counted (before, that range was counted as a second, heavier loop)."""
+  assert sass_mix(RETRY_SASS) == [{"total": 5, "units": 0.125, "sync": 1, "control": 2, "tensor": 1, "mufu": 1}]
+
+
 def test_a_kernels_ptxas_warnings_are_its_own():
   stderr = ("ptxas info    : Compiling entry function 'dq_kernel' for 'sm_90a'\n"
             "ptxas /tmp/k.ptx, line 9; warning : Potential Performance Loss: wgmma.mma_async instructions are "

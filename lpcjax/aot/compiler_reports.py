@@ -168,6 +168,8 @@ _CLASSES = (  # (class, opcode prefixes), first match wins
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _BRANCH = re.compile(r"/\*([0-9a-f]{4,})\*/.*\bBRA\b.*`\((\.L_x_\d+)\)")
 _GMMA_SHAPE = re.compile(r"GMMA\.(\d+)x(\d+)x(\d+)")
+# a predicated instruction (@P0 ..., @!UP1 ...) or a branch on a predicate operand (BRA P2, ...)
+_CONDITIONAL = re.compile(r"/\*[0-9a-f]{4,}\*/\s+@|\bBRA\s+!?U?P\w*\s*,")
 UNIT = 64 * 64 * 128  # one matmul "unit": a 64 x 64 x 128 product (the cost model of docs/kernels_mosaic_gpu.md)
 
 
@@ -178,12 +180,34 @@ def _class_of(opcode):
   return "integer_other"
 
 
+def _reaches(instructions, index, start, end):
+  """Whether the instruction at address ``end`` is reached from the one at ``start`` without
+  leaving [start, end]: falling through (not past an unconditional branch or exit) or branching
+  to a target inside it. ``index`` maps addresses to positions in ``instructions``."""
+  seen, todo = set(), [index[start]]
+  while todo:
+    i = todo.pop()
+    if i in seen or i >= len(instructions) or instructions[i][0] > end:
+      continue
+    seen.add(i)
+    address, op, _, target, conditional = instructions[i]
+    if address == end:
+      return True
+    if target is not None and start <= target <= end:
+      todo.append(index[target])
+    if conditional or not op.startswith(("BRA", "EXIT", "RET", "JMP")):
+      todo.append(i + 1)
+  return False
+
+
 def sass_mix(sass):
   """The instruction mix of each innermost loop of ``sass`` (nvdisasm -c output) that holds
   tensor-core instructions: a list of {class: count, "total": n, "units": u}, in address order,
   ``units`` the warpgroup matmuls (HGMMA) of one trip in 64 x 64 x 128 units. A loop is a
-  backward branch's range; one holding another such loop is left out (the inner one is the
-  per-tile work)."""
+  backward branch's range that its start reaches its branch through (``_reaches``): ptxas puts
+  an mbarrier wait's retry after the kernel's exit, from where it jumps back into the loop, and
+  that range, the rest of the loop plus everything after it, is no loop. One holding another
+  loop is left out (the inner one is the per-tile work)."""
   instructions, labels, loops = [], {}, []
   pending = []
   for line in sass.splitlines():
@@ -200,14 +224,19 @@ def sass_mix(sass):
     pending = []
     shape = _GMMA_SHAPE.search(line)
     units = int(shape[1]) * int(shape[2]) * int(shape[3]) / UNIT if shape else 0.0
-    instructions.append((address, found.group(2), units))
     branch = _BRANCH.search(line)
+    conditional = bool(_CONDITIONAL.search(line))
+    instructions.append([address, found.group(2), units, branch.group(2) if branch else None, conditional])
     if branch:
       loops.append((branch.group(2), address))
+  for instruction in instructions:  # labels to addresses
+    instruction[3] = labels.get(instruction[3])
+  index = {instruction[0]: i for i, instruction in enumerate(instructions)}
   ranges = sorted({(labels[target], end) for target, end in loops if target in labels and labels[target] <= end})
+  ranges = [(start, end) for start, end in ranges if _reaches(instructions, index, start, end)]
   mixes = []
   for start, end in ranges:
-    inside = [(op, units) for address, op, units in instructions if start <= address <= end]
+    inside = [(op, units) for address, op, units, _, _ in instructions if start <= address <= end]
     if not any(_class_of(op) == "tensor" for op, _ in inside):
       continue
     mixes.append(((start, end), inside))

@@ -11,11 +11,11 @@ loop holding the tensor-core instructions; a kernel whose masks are a branch has
 through it, so each path is its own build):
 
 * units: the warpgroup's matmul work per trip in 64 x 64 x 128 units (from the HGMMA shapes);
-* instructions: the loop's (the heavier where ptxas made two copies of a tile loop, the
-  lighter's beside it; none of these kernels has two: the "heavier copies" of earlier runs were
-  the ranges of mbarrier waits' retries, placed after the kernel's exit, that
-  compiler_reports.sass_mix now leaves out);
-* per element (of the heavier copy): the loop's instructions of each class (exp = MUFU, fp32, integer and other,
+* instructions: the tile loop's, the loop with the most units (each kernel here has one; should
+  ptxas make two, the larger is given and the other beside it, ``lighter_copy_instructions``;
+  the "heavier copies" of runs before 2026-12-06's fifth part were the ranges of mbarrier waits'
+  retries, placed after the kernel's exit, which compiler_reports.sass_mix now leaves out);
+* per element: the tile loop's instructions of each class (exp = MUFU, fp32, integer and other,
   loads and stores, synchronisation, control) per score element of the tile (the tile's
   elements over the warpgroup's 128 threads: 32 for a 64 x 64 tile).
 
@@ -82,8 +82,7 @@ def measured(row, path):
     entry = {"case": row["case"], "path": path, "kernel": name, "registers": kernel.get("registers"),
              "spill_store_bytes": kernel.get("spill_store_bytes"), "spill_load_bytes": kernel.get("spill_load_bytes"),
              "smem_kib": round((kernel.get("smem_bytes") or 0) / 1024, 1)}
-    # the tile loops: those with the whole tile's matmuls (ptxas keeps two copies of most, a
-    # lighter and a heavier, and which tiles run which is not visible in the code: both are kept)
+    # the tile loop: the one with the whole tile's matmuls (were there two, both are kept)
     units = max((mix.get("units", 0) for mix in loops), default=0)
     whole = sorted((mix for mix in loops if mix.get("units", 0) == units), key=lambda mix: mix["total"])
     if whole:

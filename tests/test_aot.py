@@ -100,6 +100,25 @@ def test_a_wait_retried_after_the_exit_is_no_loop():
   assert sass_mix(RETRY_SASS) == [{"total": 5, "units": 0.125, "sync": 1, "control": 2, "tensor": 1, "mufu": 1}]
 
 
+@pytest.mark.parametrize("exit_branch", ["@P0 BRA", "@!UP0 BRA", "BRA P2,", "BRA.U !UP0,", "BRA.DIV UR4,",
+                                         "BRA.DIV ~URZ,"])
+def test_a_loop_with_a_conditional_exit_is_still_a_loop(exit_branch):
+  """A conditional branch out of the loop, in each of SASS's forms (a guard, a predicate operand,
+  a uniform predicate, a divergence test on a register), falls through into the loop's rest: the
+  loop is counted."""
+  sass = f"""
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0020*/                   {exit_branch} `(.L_x_2) ;
+        /*0030*/                   MUFU.EX2 R3, R2 ;
+        /*0040*/               @P1 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0050*/                   EXIT ;
+"""
+  assert [loop["total"] for loop in sass_mix(sass)] == [4]
+
+
 def test_a_kernels_ptxas_warnings_are_its_own():
   stderr = ("ptxas info    : Compiling entry function 'dq_kernel' for 'sm_90a'\n"
             "ptxas /tmp/k.ptx, line 9; warning : Potential Performance Loss: wgmma.mma_async instructions are "

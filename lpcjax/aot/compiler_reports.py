@@ -168,8 +168,9 @@ _CLASSES = (  # (class, opcode prefixes), first match wins
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _BRANCH = re.compile(r"/\*([0-9a-f]{4,})\*/.*\bBRA\b.*`\((\.L_x_\d+)\)")
 _GMMA_SHAPE = re.compile(r"GMMA\.(\d+)x(\d+)x(\d+)")
-# a predicated instruction (@P0 ..., @!UP1 ...) or a branch on a predicate operand (BRA P2, ...)
-_CONDITIONAL = re.compile(r"/\*[0-9a-f]{4,}\*/\s+@|\bBRA\s+!?U?P\w*\s*,")
+# a predicated instruction (@P0 ..., @!UP1 ...) or a branch on an operand: a predicate (BRA P2, ...,
+# BRA.U !UP0, ...) or a register (BRA.DIV UR4, ..., a warp's divergence test)
+_CONDITIONAL = re.compile(r"/\*[0-9a-f]{4,}\*/\s+@|\bBRA(?:\.\w+)*\s+(?:!?U?P\w*|~?U?R\w+)\s*,")
 UNIT = 64 * 64 * 128  # one matmul "unit": a 64 x 64 x 128 product (the cost model of docs/kernels_mosaic_gpu.md)
 
 

@@ -112,7 +112,7 @@ def test_the_row_term_read_off_the_two_part_output_keeps_d_log_f_exact(monkeypat
   """Version 2 has no row-term kernel: the forward run for a gradient writes o in two parts (P's
   rounding residual times V included), delta_i = dO_i . (o_i + o_lo_i), and the dQ kernel adds the
   rows' sums of dS to dc (row_term.py). d log f measured 4.3e-6 here (4.6e-6 without the folded
-  decay; version 1's row term 9.4e-7);
+  decay, a one-off run of both versions; version 1's row term 9.4e-7);
   delta from the bf16 output alone gives 4.1e-3 (2.9e-2 without the rows' sums: the official FoX
   kernel's route)."""
   inputs = case(512, 1, 1, 64, "bfloat16", gates=(0.3, 1.0))
@@ -126,7 +126,7 @@ def test_the_row_term_read_off_the_two_part_output_keeps_d_log_f_exact(monkeypat
 def test_o_lo_is_bf16_for_fp16_inputs_where_o_is_small():
   """o's second part is o - fp16(o), about 2^-11 |o|: in fp16 it would fall into the subnormals
   where |o| is small (V scaled by 0.01 here), d log f 1.5e-5; in bf16 7.0e-7 (5.0e-7 without the
-  folded decay; measured)."""
+  folded decay; measured once, both versions)."""
   q, k, v, log_f, do = case(512, 1, 1, 64, "float16", gates=(0.99, 1.0))
   v = np.asarray(jnp.asarray(v * 0.01, jnp.float16).astype(jnp.float32))
   errors = relative_errors(run(q, k, v, log_f, do, "float16"), float64(q, k, v, log_f, do))

@@ -6,7 +6,9 @@ from zero.
 Folded, a logit's decay is an FMA's addend measured from its block's anchor and the rest rides on
 the running maximum or lse, so its rounding grows with the decay across half a block of 64
 positions; unfolded, (hi_i - hi_j) + (lo_i - lo_j) rounds with |c_i - c_j| (decay.py). Both
-are version 2 in every other respect; the unfolded one is registered here for the run only.
+are version 2 in every other respect; the unfolded one is registered here for the run only. So
+is "folded64", folded with the forward's key tiles 64 wide (``Version.wide_forward_keys`` off):
+the wide tiles measure their keys' e across half a block of 128 (docs/kernels_mosaic_gpu.md).
 
 For each case: q, k, v, dO normal, rounded to the dtype; log f uniform in the range, log f_0
 lowered by the offset (no weight changes), and in the "one step" cases one steep gate inside a
@@ -48,6 +50,9 @@ CASES = {
 STEEP_AT = 80  # inside the block of positions 64-127, before its anchor (96)
 NAMES = ("o", "dq", "dk", "dv", "dlog_f")
 UNFOLDED = dataclasses.replace(mosaic_gpu.V2, name="mosaic_gpu_unfolded", folded_decay=False)
+# folded, with the forward's key tiles 64 wide: its keys' e spans half a block of 64, not of 128
+NARROW = dataclasses.replace(mosaic_gpu.V2, name="mosaic_gpu_narrow_keys", wide_forward_keys=False)
+RUNS = (("unfolded", UNFOLDED.name), ("folded64", NARROW.name), ("folded", mosaic_gpu.V2.name))
 
 
 def parse_args():
@@ -78,12 +83,13 @@ def main():
   if not mosaic_gpu.available():
     sys.exit("mosaic_gpu_decay_fold.py: needs jax >= 0.11.2's Mosaic GPU interpreter (Python >= 3.12)")
   mosaic_gpu._register(UNFOLDED, priority=None)
+  mosaic_gpu._register(NARROW, priority=None)
   rounded = lambda x: np.asarray(jnp.asarray(x, args.dtype).astype(jnp.float32))
   table = {}
   print(f"{'case':18s} {'run':9s} " + " ".join(f"{n:>9s}" for n in NAMES) + "   (max over seeds)")
   for case in args.cases:
     gates, offset, steep = CASES[case]
-    for run, impl in (("unfolded", UNFOLDED.name), ("folded", mosaic_gpu.V2.name)):
+    for run, impl in RUNS:
       per_seed = []
       for seed in args.seeds:
         q, k, v, log_f, do = long_context_inputs(seed, 1, args.seq_len, 1, args.head_dim, gates, offset)

@@ -17,7 +17,8 @@ through it, so each path is its own build):
   retries, placed after the kernel's exit, which compiler_reports.sass_mix now leaves out);
 * per element: the tile loop's instructions of each class (exp = MUFU, fp32, integer and other,
   loads and stores, synchronisation, control) per score element of the tile (the tile's
-  elements over the warpgroup's 128 threads: 32 for a 64 x 64 tile).
+  elements over the warpgroup's 128 threads: 32 for a 64 x 64 tile, 64 for the forward's 64 x 128
+  with wide key tiles).
 
 Version 2's paths (and its hardware path's): "edge" is every tile as version 1 builds it (the
 masks), "interior" the build where every tile takes the unmasked arm (``_logits2`` replaced by
@@ -47,10 +48,12 @@ FEATURES = dict(kv_heads=2, window=512, segments=True, prune=True)
 THREADS = 128  # one warpgroup: the SASS counts are per thread
 
 
-def tile_elements(kernel):
-  """Score elements of one trip of the kernel's tile loop, per warpgroup."""
-  if kernel == "attention_mgpu fwd":
-    return 64 * 128  # its forward's block_q 64 per warpgroup x block_kv 128
+def tile_elements(kernel, units, head_dim):
+  """Score elements of one trip of the kernel's tile loop, per warpgroup: a forward's from its
+  units (64 x 64 x 128 each: per score element 2 D / 128 of them, 3 D / 128 in the two-part
+  forward), as its key tile is 64 or 128 wide (attention_mgpu's 128); a backward's 64 x 64."""
+  if "fwd" in kernel:
+    return round(64 * 64 * 128 * units / ((3 if "two_part" in kernel else 2) * head_dim))
   return 64 * 64
 
 
@@ -67,7 +70,7 @@ def kernel_names(row):
   return [label.get(id(kernel), "attention_mgpu fwd") for kernel in kernels]
 
 
-def measured(row, path):
+def measured(row, path, head_dim):
   """A list of {case, path, kernel, registers, spills, smem, units, per element by class} of one
   compile row."""
   out = []
@@ -86,7 +89,7 @@ def measured(row, path):
     units = max((mix.get("units", 0) for mix in loops), default=0)
     whole = sorted((mix for mix in loops if mix.get("units", 0) == units), key=lambda mix: mix["total"])
     if whole:
-      per_thread = tile_elements(name) / THREADS
+      per_thread = tile_elements(name, units, head_dim) / THREADS
       loop = whole[-1]
       entry.update(units=units, instructions=loop["total"], tensor=loop.get("tensor", 0),
                    per_element={name: round(loop.get(name, 0) / per_thread, 2) for name in CLASSES},
@@ -115,16 +118,16 @@ def main():
   for head_dim in args.head_dims:
     for extra in ({}, FEATURES):
       fields = dict(dtype="bfloat16", head_dim=head_dim, seq_len=4096, heads=4, **extra)
-      entries += measured(run_attention("h100", dict(impl="mosaic_gpu_v1", **fields)), "v1")
+      entries += measured(run_attention("h100", dict(impl="mosaic_gpu_v1", **fields)), "v1", head_dim)
       for impl, path in (("mosaic_gpu", "v2"), ("mosaic_gpu_fused", "v2 fused"), ("mosaic_gpu_hw", "v2 hw")):
-        entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} edge")
+        entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} edge", head_dim)
         restore = interior_build()
         try:
-          entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} interior")
+          entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} interior", head_dim)
         finally:
           restore()
     entries += measured(run_attention_mgpu("h100", dict(impl="attention_mgpu", dtype="float16", head_dim=head_dim,
-                                                        seq_len=4096, heads=4)), "floor")
+                                                        seq_len=4096, heads=4)), "floor", head_dim)
   print(f"{'case':62} {'path':16} {'kernel':38} {'regs':>4} {'spill':>9} {'smem':>6} {'units':>5} "
         f"{'non-tensor/elem':>15} " + " ".join(f"{name[:6]:>6}" for name in CLASSES))
   for entry in entries:

@@ -24,7 +24,9 @@ written per query head and summed per group).
 Pruning (``prune_epsilon``): a tile whose decay bounds its weight below the threshold
 (pruning.py, on the high parts of c) is skipped: in the forward by a ``lax.cond`` around its two
 matmuls, in the backward sweeps (version 2) by their bounds (the one-kernel backward tests each
-tile); the kernels run the same 64 x 64 tiles, so the backward skips the forward's tiles.
+tile); the backward's tiles are 64 x 64 and the forward tests each block of 64 keys of its
+tiles the same way (masking a pruned prefix of a 128-key tile: ``_pruned_prefix``), so the
+backward skips exactly the forward's pruned pairs.
 
 Two versions from this one source (``Version``): ``impl="mosaic_gpu"`` is version 2 (interior
 tiles skip the masks; pruning moves the backward's bounds; no row-term kernel, the forward run
@@ -50,6 +52,7 @@ TMA, barriers and wgmma but not their layouts or timing; what it cannot show is 
 
 import dataclasses
 import functools
+import math
 import os
 
 import jax
@@ -75,10 +78,17 @@ COMPUTE_WGS = 2  # the forward's compute warpgroups (a third issues the copies)
 TILES = BlockSizes(block_q=WG_ROWS * COMPUTE_WGS, block_k=64, block_q_dkv=64, block_k_dkv=64,
                    block_q_dq=64, block_k_dq=64)
 STAGES = 2  # SMEM stages of the K/V ring
-# Version.folded_decay measures each position's decay from its block's anchor, position ANCHOR of
-# ANCHOR_BLOCK (the middle: no position is more than half a block's decay from it); every side of
-# every tile is one such block, so that one gap (two anchors) serves a whole tile
-ANCHOR_BLOCK, ANCHOR = 64, 32
+WIDE_KEYS = 128  # the forward's key tile where SMEM allows (Version.wide_forward_keys, forward_key_tile)
+SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
+# what Mosaic GPU asks beyond a kernel's scratch and its pipeline's buffers (its barriers, the
+# scratch of its cross-warp reductions): 4 KiB in every forward compiled for sm_90a
+MOSAIC_SMEM_EXTRA = 4 * 1024
+# Version.folded_decay measures each position's decay from its block's anchor, the block's middle
+# position (no position is more than half a block's decay from it), in blocks of ANCHOR_BLOCK (the
+# forward's wide key tiles read a second vector measured in blocks of their own width); every side
+# of every tile is one such block, so that one gap (two anchors) serves a whole tile
+ANCHOR_BLOCK = 64
+ANCHOR = ANCHOR_BLOCK // 2
 assert {WG_ROWS, TILES.block_k, TILES.block_q_dq, TILES.block_k_dq, TILES.block_q_dkv, TILES.block_k_dkv} == {
     ANCHOR_BLOCK}
 # o's second part (Version.two_part_output) is bf16 for fp16 inputs too: o - fp16(o) is about
@@ -144,9 +154,17 @@ class Version:
     (backward): two values a thread per tile (``_probabilities``). Error: a weight's logit rounds
     at the size of those terms, up to the decay across half a block plus |scale q.k|, where the
     unfolded difference rounds at |c_i - c_j|: so the decay inside a block sets it, not |c|.
-    Measured (fp16, against float64): the same with gates near 1, d log f 7 times the unfolded
-    one's (5.8e-6 against 8.4e-7) with log f in [-4, -1], 1.7e-4 with one step of -1e4 inside
-    a block, near the other gradients' fp16 rounding (benchmarks/mosaic_gpu_decay_fold.py,
+    Measured (fp16, T = 512, D = 64, against float64; benchmarks/mosaic_gpu_decay_fold.py,
+    docs/kernels_mosaic_gpu.md): the same with gates near 1; with log f in [-4, -1] d log f 6.0e-6
+    with 64-key forward tiles and 1.1e-5 with the 128-key ones of ``wide_forward_keys`` (unfolded
+    1.2e-6); one step of -1e4 inside a block 1.7e-4 (64 keys) and 7.2e-4 (128 keys, with dv at
+    7.4e-4 against its fp16 rounding's 4.1e-4).
+  * ``wide_forward_keys``: the forward's key tiles are 128 wide where its two-part build's SMEM
+    allows (``forward_key_tile``: D = 64 on every path, D = 128 on the hardware path, whose P
+    needs no SMEM tile), 64 elsewhere: each wgmma twice as wide, the running maximum's and the
+    accumulator's rescale once per 128 keys, and less SMEM read per matmul unit (the tile of Q
+    is read once per 128 keys). With ``folded_decay`` the keys' second vector is measured from
+    the middle of their 128-block: up to 64 positions' decay instead of 32 (the error, measured:
     docs/kernels_mosaic_gpu.md).
   """
 
@@ -160,16 +178,18 @@ class Version:
   approx_math: bool = False
   fused_backward: bool = False
   folded_decay: bool = False
+  wide_forward_keys: bool = False
 
 
 V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False,
              two_part_output=False, in_place_accumulators=False)  # to compare
 V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True, two_part_output=True,
-             in_place_accumulators=True, folded_decay=True)
+             in_place_accumulators=True, folded_decay=True, wide_forward_keys=True)
 # by name, until a GPU checks it
 # its backward tests each tile for pruning (``_fused_sweep_call``): no bounds to build
 V2_FUSED = dataclasses.replace(V2, name="mosaic_gpu_fused", fused_backward=True, pruned_bounds=False)
 V2_HARDWARE = dataclasses.replace(V2_FUSED, name="mosaic_gpu_hw", hardware_only=True, approx_math=True)
+VERSIONS = {version.name: version for version in (V1, V2, V2_FUSED, V2_HARDWARE)}
 
 
 def available():
@@ -229,13 +249,14 @@ def check_runnable(interpret, version=V2):
                      f"install nvidia-cuda-nvcc-cu12>=12.9.86 or use impl='pallas'")
 
 
-def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None):
-  """The kernels' fixed tiles (their shapes follow wgmma's and the warpgroups'); other sizes
-  are refused in one line."""
-  del seq_len, head_dim, dtype
-  if block_sizes is not None and block_sizes.fitted(1 << 30) != TILES.fitted(1 << 30):
-    raise ValueError(f"forgetting_attention: the Mosaic GPU kernels run fixed tiles {TILES}; got {block_sizes}")
-  return TILES
+def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None, version=None):
+  """The kernels' fixed tiles (their shapes follow wgmma's and the warpgroups'; the forward's key
+  tile, ``block_k``, is ``forward_key_tile``'s); other sizes are refused in one line."""
+  del seq_len, dtype
+  tiles = dataclasses.replace(TILES, block_k=forward_key_tile(version or V2, head_dim))
+  if block_sizes is not None and block_sizes.fitted(1 << 30) != tiles.fitted(1 << 30):
+    raise ValueError(f"forgetting_attention: the Mosaic GPU kernels run fixed tiles {tiles}; got {block_sizes}")
+  return tiles
 
 
 def _named(body, kernel, version):
@@ -354,11 +375,13 @@ class _Positions:
 
   def __init__(self, start, hi, second, seg, axis, anchor=None):
     self.start, self.axis, self.hi_ref, self.seg_ref, self.size = start, axis, hi, seg, hi.shape[0]
-    # c's high part at the block's anchor (Version.folded_decay), read where the side is built
-    # unless given: before the sweep for dQ's rows and dK/dV's keys, every step for the forward's
-    # rows (rebuilt in each step) and for the one-kernel backward's keys (read once by the kernel)
-    self.anchor = hi[ANCHOR] if anchor is None else anchor
+    # c's high part at the anchor of the block the side is (Version.folded_decay: its middle),
+    # read where the side is built unless given: before the sweep for dQ's rows and dK/dV's keys,
+    # every step for the forward's rows (rebuilt in each step) and for the one-kernel backward's
+    # keys (read once by the kernel)
+    self.anchor = hi[self.size // 2] if anchor is None else anchor
     self.hi, self.second, self.seg = _rows(hi, axis), _rows(second, axis), _rows(seg, axis)
+    self.first_kept = None  # the forward's wide key tiles: the first key pruning keeps (_pruned_prefix)
 
   def positions(self):
     """The side's positions, a vector in its layout."""
@@ -371,10 +394,13 @@ def _interior(queries, keys, window):
   query, its last query within the window of its first key, and one segment. The kernels' segment
   ids never fall along the sequence (checks.prepare_segments' cumulative sum, and ``_prepared``
   carries it over the padding), so equal ids at the four ends of the two sides mean one
-  segment: four scalar reads of SMEM."""
+  segment: four scalar reads of SMEM. A wide key tile with a pruned prefix (``first_kept``) is
+  not interior."""
   interior = keys.start + keys.size - 1 <= queries.start
   if window is not None:
     interior &= queries.start + queries.size - 1 - keys.start < window
+  if keys.first_kept is not None:
+    interior &= keys.first_kept == keys.start
   ends = [ref[index] for ref in (queries.seg_ref, keys.seg_ref) for index in (0, ref.shape[0] - 1)]
   return interior & (ends[0] == ends[1]) & (ends[1] == ends[2]) & (ends[2] == ends[3])
 
@@ -391,7 +417,10 @@ def _decayed_logits2(scores, queries, keys, scale2):
 def _masked(s, queries, keys, window):
   """``s`` with -inf where the pair is not visible: causal, same segment, inside the window."""
   shape = s.shape
-  i, j = (_across(side.positions(), shape, side.axis) for side in (queries, keys))
+  columns = keys.positions()
+  if keys.first_kept is not None:  # keys pruning masks: past every query (a vector op, not per element)
+    columns = jnp.where(columns >= keys.first_kept, columns, jnp.iinfo(jnp.int32).max)
+  i, j = _across(queries.positions(), shape, queries.axis), _across(columns, shape, keys.axis)
   visible = (i >= j) & (_across(queries.seg, shape, queries.axis) == _across(keys.seg, shape, keys.axis))
   if window is not None:
     visible &= i - j < window
@@ -451,6 +480,19 @@ def _prunable(queries, keys, thr):
   return queries.hi_ref[0] - keys.hi_ref[keys.hi_ref.shape[0] - 1] < thr
 
 
+def _pruned_prefix(queries, keys, thr):
+  """The first key of a wide key tile (the forward's, ``forward_key_tile``) that pruning keeps,
+  tested per ANCHOR_BLOCK of keys as the backward's tiles are, so that the forward skips exactly
+  the backward's pruned tiles: the tile is skipped where its last block may be (``_prunable``),
+  and the blocks before the first kept one are masked (c being non-increasing, they are a
+  prefix). Their values are still read and multiplied by 0."""
+  last = lambda block: keys.hi_ref[(block + 1) * ANCHOR_BLOCK - 1]
+  first_kept = keys.start
+  for block in range(keys.size // ANCHOR_BLOCK - 1):
+    first_kept = jnp.where(queries.hi_ref[0] - last(block) < thr, keys.start + (block + 1) * ANCHOR_BLOCK, first_kept)
+  return first_kept
+
+
 def _unless_pruned(prune, queries, keys, thr, update, carry):
   """``update(carry)``, or ``carry`` when pruning is on and may skip the tile."""
   if not prune:
@@ -504,23 +546,60 @@ def _head(ref, bh, heads, group=1):
 # ----------------------------------------------------------------------------- forward
 
 
-def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window, prune, interpret, version,
-                  bounds=None, two_part=False):
+def _forward_tiles(version, dtype, head_dim, bk, two_part):
+  """The forward's SMEM tiles, (shape, dtype): Q's per compute warpgroup (o goes out through it
+  once its last product is done), the rows' vectors (c hi, second vector, ids, threshold), lse,
+  o_lo's (``two_part``), and P's (and its residual's) on the tested path."""
+  tiles = [((COMPUTE_WGS, WG_ROWS, head_dim), dtype), ((COMPUTE_WGS, 4, WG_ROWS), jnp.float32),
+           ((COMPUTE_WGS, WG_ROWS), jnp.float32)]
+  if two_part:
+    tiles.append(((COMPUTE_WGS, WG_ROWS, head_dim), O_LO_DTYPE))
+  if not version.hardware_only:
+    tiles += [((COMPUTE_WGS, WG_ROWS, bk), dtype)] * (1 + two_part)
+  return tiles
+
+
+def _forward_scratch(version, dtype, head_dim, bk, two_part):
+  """``_forward_tiles`` as SMEM scratch (wgmma's tiling and swizzle), with Q's barriers after lse."""
+  # the matrices (64 rows: what wgmma and TMA read) tiled and swizzled, the vectors plain
+  refs = [plgpu.SMEM(shape, kind, transforms=_smem_tiles(shape[-1], kind)) if shape[1:-1] == (WG_ROWS,)
+          else plgpu.SMEM(shape, kind) for shape, kind in _forward_tiles(version, dtype, head_dim, bk, two_part)]
+  return refs[:3] + [plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)] + refs[3:]
+
+
+def _forward_smem(version, dtype, head_dim, bk, two_part):
+  """Bytes of SMEM the forward asks: its tiles, the pipeline's STAGES of K, V and the keys' three
+  vectors, and what Mosaic GPU adds (``MOSAIC_SMEM_EXTRA``)."""
+  tiles = sum(math.prod(shape) * jnp.dtype(kind).itemsize
+              for shape, kind in _forward_tiles(version, dtype, head_dim, bk, two_part))
+  return tiles + STAGES * bk * (2 * head_dim * jnp.dtype(dtype).itemsize + 3 * 4) + MOSAIC_SMEM_EXTRA
+
+
+def forward_key_tile(version, head_dim):
+  """The forward's key tile: ``WIDE_KEYS`` with ``version.wide_forward_keys`` where the two-part
+  forward (the larger) then fits an H100's SMEM, else 64. One width for both forwards of a head
+  dim, so that the tiles reported (``fit_block_sizes``) are the ones run."""
+  wide = version.wide_forward_keys and _forward_smem(version, jnp.bfloat16, head_dim, WIDE_KEYS, True) <= SMEM_BYTES
+  return WIDE_KEYS if wide else TILES.block_k
+
+
+def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, scale2, window, prune, interpret,
+                  version, bounds=None, two_part=False):
   """o [B, T, HQ, D] and base-2 lse [BH, T] from q [B, T, HQ, D], k, v [B, T, HQ/G, D] and the
   per-position vectors [BH, T] (BH = B * HQ); with ``two_part`` (``Version.two_part_output``) o, o_lo and
-  lse, o + o_lo being the output of P's two parts (its rounding and the residual) times V."""
+  lse, o + o_lo being the output of P's two parts (its rounding and the residual) times V. The key
+  tile is ``forward_key_tile``'s; ``key_second`` is the keys' second vector (``c_lo``'s, or with
+  ``folded_decay`` and wide keys, measured in blocks of the key tile's width)."""
   del bounds  # the forward tests each tile: its warpgroups share one key sweep (docs/kernels_mosaic_gpu.md)
   bh_count, seq_len, head_dim = _sizes(q)
-  bq, bk = WG_ROWS, TILES.block_k
-  tile, p_tile = _smem_tiles(head_dim, q.dtype), _smem_tiles(bk, q.dtype)
-  own_o_lo_tile = two_part and q.dtype != O_LO_DTYPE
+  bq, bk = WG_ROWS, forward_key_tile(version, head_dim)
+  tile = _smem_tiles(head_dim, q.dtype)
 
   def body(*refs):
-    q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, o_ref, *refs = refs
+    q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, key_second_ref, o_ref, *refs = refs
     o_lo_ref, lse_ref, *refs = refs if two_part else (None, *refs)
-    q_s, o_s, rows_s, lse_s, q_bar, *refs = refs
-    # o_lo goes out through Q's SMEM (its last product is done) where the two share a dtype
-    o_lo_s, *p_tiles = refs if own_o_lo_tile else (q_s if two_part else None, *refs)
+    q_s, rows_s, lse_s, q_bar, *refs = refs
+    o_lo_s, *p_tiles = refs if two_part else (None, *refs)
     bh, wg = lax.axis_index("bh"), lax.axis_index("wg")
     block = _launch_order(lax.axis_index("q"), seq_len // (COMPUTE_WGS * bq), version)
     cta_first = block * (COMPUTE_WGS * bq)
@@ -539,25 +618,30 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
               plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_layout))
       acc, m, l = run_pipeline(init)
       o = acc / _across(l, acc.shape, 0)  # every row sees itself: l >= 1
-      o_s.at[wg][...] = o.astype(o_s.dtype)
-      if two_part:  # o's rounding residual, in bf16 (see O_LO_DTYPE)
-        o_lo_s.at[wg][...] = (o - o.astype(o_s.dtype).astype(jnp.float32)).astype(O_LO_DTYPE)
       lse = m + jnp.log2(l)
-      if version.folded_decay:  # the rows' own part of the decay, left out of m
-        lse += _rows(rows_s.at[wg, 1], 0)
-      lse_s.at[wg][...] = lse
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_s.at[wg], _head(o_ref, bh, heads).at[rows])
-      if two_part:
-        plgpu.copy_smem_to_gmem(o_lo_s.at[wg], _head(o_lo_ref, bh, heads).at[rows])
-      plgpu.copy_smem_to_gmem(lse_s.at[wg], lse_ref.at[bh, rows])
-      plgpu.wait_smem_to_gmem(0)
 
-    def step(index, k_s, v_s, k_hi, k_lo, k_seg, carry):
+      # o, o_lo and lse go out through this warpgroup's tiles, addressed by a static index:
+      # addresses computed from ``wg`` before the sweep and kept for these stores spilled (8 to
+      # 64 B, every wide-key forward with a window, or at D = 64 with two parts)
+      def write_out(w):
+        q_s.at[w][...] = o.astype(q_s.dtype)  # Q's tile is free: its last product is done
+        if two_part:  # o's rounding residual, in bf16 (see O_LO_DTYPE)
+          o_lo_s.at[w][...] = (o - o.astype(q.dtype).astype(jnp.float32)).astype(O_LO_DTYPE)
+        # the rows' own part of the decay, left out of m (folded_decay)
+        lse_s.at[w][...] = lse + _rows(rows_s.at[w, 1], 0) if version.folded_decay else lse
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_s.at[w], _head(o_ref, bh, heads).at[rows])
+        if two_part:
+          plgpu.copy_smem_to_gmem(o_lo_s.at[w], _head(o_lo_ref, bh, heads).at[rows])
+        plgpu.copy_smem_to_gmem(lse_s.at[w], lse_ref.at[bh, rows])
+        plgpu.wait_smem_to_gmem(0)
+      for w in range(COMPUTE_WGS):
+        pl.when(wg == w)(functools.partial(write_out, w))
+
+    def step(index, k_s, v_s, k_hi, k_second, k_seg, carry):
       row0, k0 = cta_first + wg * bq, (index[0] + first) * bk
       queries = _Positions(row0, rows_s.at[wg, 0], rows_s.at[wg, 1], rows_s.at[wg, 2], axis=0)
-      keys = _Positions(k0, k_hi, k_lo, k_seg, axis=1)
-
+      keys = _Positions(k0, k_hi, k_second, k_seg, axis=1)
       def tile_update(carry):
         acc, m, l = carry
         scores = _matmul(q_s.at[wg], k_s.T, (bq, bk))
@@ -584,30 +668,29 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, *, heads, group, scale2, window
         seen &= k0 + bk - 1 > row0 - window
       if prune:
         seen &= jnp.logical_not(_prunable(queries, keys, rows_s.at[wg, 3][0]))
+        if bk > ANCHOR_BLOCK:  # the tile's pruned 64-key blocks, a prefix, masked
+          keys.first_kept = _pruned_prefix(queries, keys, rows_s.at[wg, 3][0])
       return lax.cond(seen, tile_update, lambda carry: carry, carry)
 
+    # the copying warpgroup keeps 32 registers, each compute warpgroup gets 240: with 40 (232) the
+    # two-part forward with 128 keys a tile spilled 8 B at D = 64 (a window's bounds, reloaded
+    # every step)
     plgpu.emit_pipeline_warp_specialized(
-        step, grid=(end - first,), memory_registers=40, wg_axis="wg", num_compute_wgs=COMPUTE_WGS,
+        step, grid=(end - first,), memory_registers=32, wg_axis="wg", num_compute_wgs=COMPUTE_WGS,
         max_concurrent_steps=STAGES, compute_context=compute_context, in_specs=_key_specs(first, bk, head_dim, tile),
-    )(_head(k_ref, bh, heads, group), _head(v_ref, bh, heads, group), hi_ref.at[bh], lo_ref.at[bh], seg_ref.at[bh])
+    )(_head(k_ref, bh, heads, group), _head(v_ref, bh, heads, group), hi_ref.at[bh], key_second_ref.at[bh],
+      seg_ref.at[bh])
 
   o = jax.ShapeDtypeStruct(q.shape, q.dtype)
-  scratch = [plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # q (and o_lo in bf16)
-             plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=tile),  # o
-             plgpu.SMEM((COMPUTE_WGS, 4, bq), jnp.float32),  # the rows' c hi, second vector, ids, threshold
-             plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),  # lse
-             plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)]
   o_lo = (jax.ShapeDtypeStruct(q.shape, O_LO_DTYPE),) if two_part else ()
-  if own_o_lo_tile:  # fp16 inputs: o_lo has its own tile
-    scratch.append(plgpu.SMEM((COMPUTE_WGS, bq, head_dim), O_LO_DTYPE, transforms=_smem_tiles(head_dim, O_LO_DTYPE)))
-  scratch += _operand_tiles(version, (COMPUTE_WGS, bq, bk), q.dtype, p_tile, count=1 + two_part)  # P (its residual)
+  scratch = _forward_scratch(version, q.dtype, head_dim, bk, two_part)
   return plgpu.kernel(
       _named(body, "fwd_two_part" if two_part else "fwd", version),
       out_type=(o, *o_lo, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),
       scratch_types=scratch, grid=(bh_count, seq_len // (COMPUTE_WGS * bq)), grid_names=("bh", "q"),
       num_threads=COMPUTE_WGS + 1, thread_name="wg", interpret=interpret,
       compiler_params=_compiler_params(version),
-  )(q, k, v, c_hi, c_lo, seg, thr)
+  )(q, k, v, c_hi, c_lo, seg, thr, key_second)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -983,7 +1066,8 @@ def _prune_bounds(hi, thr, block):
   block, its first key block that pruning keeps; for a key block, the end of the query blocks
   that pruning keeps. Tile (query block r, key block j) is pruned when c at r's first row minus c
   at j's last column is below the threshold: ``_prunable``'s test, in the same float32 operations
-  on the same high parts of c, so the sweeps skip exactly the tiles the forward skips. c does not
+  on the same high parts of c, so the sweeps skip exactly the tiles the forward skips (with 128
+  keys a tile it skips or masks them per 64 keys: ``_pruned_prefix``). c does not
   increase along the sequence (nor does its rounded difference), so the pruned tiles of a row of
   tiles are a prefix of its key blocks, and those of a column a suffix of its query blocks."""
   firsts, lasts = hi[:, ::block], hi[:, block - 1::block]  # [BH, N]: c at each block's first row, last column
@@ -992,11 +1076,12 @@ def _prune_bounds(hi, thr, block):
   return per_position(pruned.sum(axis=2)), per_position(pruned.shape[1] - pruned.sum(axis=1))
 
 
-def _in_block_decay2(c):
+def _in_block_decay2(c, block=ANCHOR_BLOCK):
   """``Version.folded_decay``'s second vector: e_t = (c_t - hi at its block's anchor) log2 e, per
-  position of c (decay.py's two parts [B, H, T], T a multiple of ANCHOR_BLOCK), formed from the
-  parts (hi's difference exact within a factor 2, as in decay.difference)."""
-  anchors = jnp.repeat(c.hi[..., ANCHOR::ANCHOR_BLOCK], ANCHOR_BLOCK, axis=-1)
+  position of c (decay.py's two parts [B, H, T], T a multiple of ``block``), the anchor being the
+  middle of each ``block`` positions, formed from the parts (hi's difference exact within a factor
+  2, as in decay.difference)."""
+  anchors = jnp.repeat(c.hi[..., block // 2::block], block, axis=-1)
   return ((c.hi - anchors) + c.lo) * LOG2_E
 
 
@@ -1026,7 +1111,11 @@ def _prepared(q, k, v, ops, static, version):
 def _forward(version, q, k, v, ops, static, two_part=False):
   """(o, lse2), or with ``two_part`` (o, o_lo, lse2): ``_forward_call``'s outputs in the caller's layouts."""
   shapes, operands, options = _prepared(q, k, v, ops, static, version)
-  *outputs, lse2 = _forward_call(*operands, two_part=two_part, **options)
+  key_tile = forward_key_tile(version, q.shape[-1])
+  key_second = operands[4]  # the rows' own (lo, or e in blocks of ANCHOR_BLOCK)
+  if version.folded_decay and key_tile != ANCHOR_BLOCK:  # e in blocks of the key tile
+    key_second = _flat(_in_block_decay2(ops.c_q, key_tile))
+  *outputs, lse2 = _forward_call(*operands, key_second, two_part=two_part, **options)
   return (*outputs, lse2.reshape(shapes.batch, shapes.heads, -1))
 
 
@@ -1081,7 +1170,8 @@ def kernels_of(version):
 
 
 def _register(version, priority):
-  attention = single_device(kernels_of(version), version.name, HEAD_DIMS, fit_block_sizes,
+  attention = single_device(kernels_of(version), version.name, HEAD_DIMS,
+                            functools.partial(fit_block_sizes, version=version),
                             functools.partial(check_runnable, version=version))
   register_backend(Backend(version.name, attention, platforms=("gpu",), interpretable=not version.hardware_only,
                            head_dims=HEAD_DIMS,

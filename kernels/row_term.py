@@ -33,7 +33,8 @@ over the sequence; so that backend's dQ kernel also sums each row of dS and adds
 row's error stays near its row instead of accumulating).
 d log f, bf16, T = 512, f in [0.3, 1), against float64 (tests/kernels/test_mosaic_gpu.py, in
 JAX's Mosaic GPU interpreter): 9.4e-7 with the recomputed row term, 4.6e-6 two-part (4.3e-6
-with mosaic_gpu's folded decay), 4.1e-3 from the bf16 output with the rows' sums, 2.9e-2
+with mosaic_gpu's folded decay and 64-key forward tiles, 4.6e-6 with its 128-key ones), 4.1e-3
+from the bf16 output with the rows' sums, 2.9e-2
 without them (the official kernel's route);
 dq's own error there is 3.7e-3. Price: one more tile product in the forward run for a gradient
 (3 instead of 2; a forward without a gradient runs 2), none for the row term in the backward

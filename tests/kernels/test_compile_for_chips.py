@@ -94,25 +94,32 @@ def test_mosaic_gpu_and_its_hardware_path_compile_for_hopper(h100, head_dim):
   (version 2's dK/dV spilled 412 B at D = 128 before its accumulators moved in place; the
   one-kernel backward 396-780 B while pruning set its sweep's end, docs/kernels_mosaic_gpu.md).
   The one-kernel backward's loop holds the five matmul units of a tile (both warpgroups' roles);
-  the hardware path's kernels ask the fused ones' SMEM less exactly the tiles of the A operands it
-  keeps in registers: P (and P's residual) in the forward, per compute warpgroup, and P^T in the
-  backward, 64 x 64 bf16 each (8 KiB), and are named with "_hw" so that a profile tells them
-  apart."""
+  the forwards' loops the units of their key tiles (128 wide at D = 64, and on the hardware path
+  at D = 128); the hardware path's kernels ask the fused ones' SMEM less exactly the tiles of
+  the A operands it keeps in registers (P^T in the backward, 64 x 64 bf16; P and P's residual
+  in the forwards, 64 x 128 per compute warpgroup, where both paths' key tiles are as wide),
+  and are named with "_hw" so that a profile tells them apart."""
   v2, fused, hw = (compiled(aot.AttentionCase(impl, "bfloat16", head_dim, 2048, **FEATURES), h100)
                    for impl in ("mosaic_gpu", "mosaic_gpu_fused", "mosaic_gpu_hw"))
   prefix = "forgetting_attention_mgpu_"
   assert_built_for_hopper(v2)
   assert sorted(v2) == sorted(prefix + kernel for kernel in ("fwd", "fwd_two_part", "dq", "dkv")), sorted(v2)
-  tile = 64 * 64 * 2
-  saved = {"fwd": 2 * tile, "fwd_two_part": 4 * tile, "dkv_dq": tile}
+  units = lambda kernel: max(loop.get("units", 0) for loop in kernel["loops"])
   for kernels, suffix in ((fused, ""), (hw, "_hw")):
     assert_built_for_hopper(kernels, count=3)
-    assert sorted(kernels) == sorted(prefix + kernel + suffix for kernel in saved), sorted(kernels)
-    units = max(loop.get("units", 0) for loop in kernels[f"{prefix}dkv_dq{suffix}"]["loops"])
-    assert units == 5 * head_dim / 128, units  # S, dP, dV, dK, dQ (a unit: 64 x 64 x 128)
-  for kernel, smem in saved.items():
-    with_tiles = (v2 if kernel.startswith("fwd") else fused)[prefix + kernel]
-    assert with_tiles["smem_bytes"] - hw[f"{prefix}{kernel}_hw"]["smem_bytes"] == smem, kernel
+    assert sorted(kernels) == sorted(prefix + kernel + suffix for kernel in ("fwd", "fwd_two_part", "dkv_dq"))
+    assert units(kernels[f"{prefix}dkv_dq{suffix}"]) == 5 * head_dim / 128  # S, dP, dV, dK, dQ (64 x 64 x 128 each)
+  assert fused[f"{prefix}dkv_dq"]["smem_bytes"] - hw[f"{prefix}dkv_dq_hw"]["smem_bytes"] == 64 * 64 * 2  # P^T
+  # the forwards' key tiles (Version.wide_forward_keys: 128 where SMEM allows), read off their
+  # units; where both paths have the same, the hardware path asks P's (and its residual's) tiles less
+  widths = [mosaic_gpu.forward_key_tile(version, head_dim) for version in (mosaic_gpu.V2, mosaic_gpu.V2_HARDWARE)]
+  assert widths == ([128, 128] if head_dim == 64 else [64, 128]), widths
+  for kernel, parts in (("fwd", 1), ("fwd_two_part", 2)):
+    for kernels, suffix, width in ((v2, "", widths[0]), (fused, "", widths[0]), (hw, "_hw", widths[1])):
+      assert units(kernels[prefix + kernel + suffix]) == (parts + 1) * width / 64 * head_dim / 128, kernel
+    if widths[0] == widths[1]:
+      saved = parts * 2 * 64 * widths[0] * 2  # per compute warpgroup, bf16
+      assert v2[prefix + kernel]["smem_bytes"] - hw[f"{prefix}{kernel}_hw"]["smem_bytes"] == saved, kernel
 
 
 @needs_tpu_compiler

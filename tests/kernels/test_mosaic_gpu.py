@@ -111,8 +111,9 @@ def test_the_forward_without_a_gradient_runs_the_one_part_kernel(monkeypatch):
 def test_the_row_term_read_off_the_two_part_output_keeps_d_log_f_exact(monkeypatch):
   """Version 2 has no row-term kernel: the forward run for a gradient writes o in two parts (P's
   rounding residual times V included), delta_i = dO_i . (o_i + o_lo_i), and the dQ kernel adds the
-  rows' sums of dS to dc (row_term.py). d log f measured 4.3e-6 here (4.6e-6 without the folded
-  decay, a one-off run of both versions; version 1's row term 9.4e-7);
+  rows' sums of dS to dc (row_term.py). d log f measured 4.6e-6 here (version 2 as it is; 4.3e-6
+  before its forward's 128-key tiles and 4.6e-6 without the folded decay: one-off runs of the
+  test's inputs; version 1's row term 9.4e-7);
   delta from the bf16 output alone gives 4.1e-3 (2.9e-2 without the rows' sums: the official FoX
   kernel's route)."""
   inputs = case(512, 1, 1, 64, "bfloat16", gates=(0.3, 1.0))
@@ -125,8 +126,8 @@ def test_the_row_term_read_off_the_two_part_output_keeps_d_log_f_exact(monkeypat
 @needs_interpreter
 def test_o_lo_is_bf16_for_fp16_inputs_where_o_is_small():
   """o's second part is o - fp16(o), about 2^-11 |o|: in fp16 it would fall into the subnormals
-  where |o| is small (V scaled by 0.01 here), d log f 1.5e-5; in bf16 7.0e-7 (5.0e-7 without the
-  folded decay; measured once, both versions)."""
+  where |o| is small (V scaled by 0.01 here), d log f 1.5e-5; in bf16 7.4e-7 (7.0e-7 before the
+  forward's 128-key tiles, 5.0e-7 without the folded decay; one-off runs of the test's inputs)."""
   q, k, v, log_f, do = case(512, 1, 1, 64, "float16", gates=(0.99, 1.0))
   v = np.asarray(jnp.asarray(v * 0.01, jnp.float16).astype(jnp.float32))
   errors = relative_errors(run(q, k, v, log_f, do, "float16"), float64(q, k, v, log_f, do))
@@ -154,9 +155,10 @@ def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(monkeypatch, impl
 @needs_interpreter
 def test_the_decay_keeps_its_two_float_parts_far_from_zero():
   """c offset by 5e4 (log f_0 lowered: no weight changes) with strong gates, float16: as exact as
-  at offset 0, where a float32 c gives 6.6e-4 (decay.py, issue #34). d log f measured 2.1e-6 at
-  offset 5e4 and 3.2e-6 at 0 with version 2's folded decay, 5.5e-7 either way unfolded
-  (benchmarks/mosaic_gpu_decay_fold.py --seq-len 256 --seeds 0)."""
+  at offset 0, where a float32 c gives 6.6e-4 (decay.py, issue #34). d log f measured 9.9e-6 at
+  offset 5e4 and 7.5e-6 at 0 with version 2 (the folded decay, 128-key forward tiles), 2.2e-6
+  and 3.4e-6 with 64-key ones, 8.2e-7 either way unfolded (benchmarks/mosaic_gpu_decay_fold.py
+  --seq-len 256 --seeds 0 --cases strong strong_offset5e4)."""
   q, k, v, log_f, do = long_context_inputs(0, 1, 256, 1, 64, (-4.0, -1.0), c_offset=5e4)
   rounded = lambda x: np.asarray(jnp.asarray(x, jnp.float16).astype(jnp.float32))
   q, k, v, do = map(rounded, (q, k, v, do))
@@ -177,15 +179,60 @@ def test_pruning_skips_decayed_tiles_unread_and_stays_within_its_bound(impl):
   assert np.max(np.abs(pruned[0] - exact[0])) < 2 * epsilon * np.max(np.abs(v))  # pruning.py's bound
   for a, b in zip(pruned[1:], exact[1:]):
     np.testing.assert_allclose(a, b, atol=1e-3 * np.max(np.abs(b)))
-  # NaN in the first key block's values: rows from 128 on, whose tiles with it the bound skips,
-  # never read it (their outputs and dQ stay finite); without pruning every row reads it
+  # NaN in the values of the forward's first key tile (64 keys, or 128 with wide_forward_keys,
+  # whose tiles mask a pruned 64-key prefix but read its values): the rows from one block of 64
+  # past it, whose tiles with it the bound skips, never read it (their outputs and dQ stay finite);
+  # without pruning every row reads it
+  width = mosaic_gpu.forward_key_tile(mosaic_gpu.VERSIONS[impl], 64)
+  assert width == (64 if impl == "mosaic_gpu_v1" else 128)
   v = v.copy()
-  v[:, :64] = np.nan
+  v[:, :width] = np.nan
   pruned = run(q, k, v, log_f, do, "float16", impl, prune_epsilon=epsilon)
   exact = run(q, k, v, log_f, do, "float16", impl)
   for result in (pruned[0], pruned[1]):
-    assert np.isfinite(result[:, 128:]).all() and np.isnan(result[:, 64:128]).any()
-  assert np.isnan(exact[0][:, 128:]).all()
+    assert np.isfinite(result[:, width + 64:]).all() and np.isnan(result[:, width:width + 64]).any()
+  assert np.isnan(exact[0][:, width + 64:]).all()
+
+
+@needs_interpreter
+def test_the_wide_forward_prunes_the_backward_tiles_exactly(monkeypatch):
+  """The forward's 128-key tiles (Version.wide_forward_keys) prune per block of 64 keys, as the
+  backward's tiles do: a tile whose first 64 keys pruning may skip and whose last 64 it keeps
+  masks the first 64. lse (the forward's, base 2) is float64's over the keys the backward keeps;
+  one step of -10.5 in log f, with q, k near 0 (bound about -10.1), puts about 6e-5 of row 128's
+  weight on keys 0..63, so a forward that skipped only whole 128-key tiles would be off by that."""
+  seq_len, block, epsilon = 256, mosaic_gpu.ANCHOR_BLOCK, 1e-2
+  q, k, v, log_f, do = case(seq_len, 1, 1, 64, "float16")
+  q, k = q * 1e-3, k * 1e-3
+  log_f = np.zeros_like(log_f)
+  log_f[:, 100] = -10.5
+  seen = []
+  forward_call = mosaic_gpu._forward_call
+
+  def spy(*args, **kwargs):
+    outputs = forward_call(*args, **kwargs)
+    seen.append((args[3], args[6], outputs[-1]))  # c's high part, the threshold, lse2 [BH, T]
+    return outputs
+  monkeypatch.setattr(mosaic_gpu, "_forward_call", spy)
+  forgetting_attention(*(jnp.asarray(x, jnp.float16) for x in (q, k, v)), jnp.asarray(log_f), impl="mosaic_gpu",
+                       interpret=True, prune_epsilon=epsilon)
+  (hi, thr, lse2), = seen
+  hi, thr, lse2 = (np.asarray(x)[0] for x in (hi, thr, lse2))
+  assert mosaic_gpu.forward_key_tile(mosaic_gpu.V2, 64) == 2 * block
+
+  def float64_lse2(key_block):
+    """lse2 over the keys kept by pruning's test on tiles of 64 rows and ``key_block`` keys."""
+    qf, kf = (np.asarray(jnp.asarray(x, jnp.float16), np.float64)[0, :, 0] for x in (q, k))
+    c = np.cumsum(log_f[0, :, 0].astype(np.float64))
+    logits = (qf @ kf.T / 8.0 + c[:, None] - c[None, :]) * np.log2(np.e)
+    i, j = np.arange(seq_len)[:, None], np.arange(seq_len)[None, :]
+    pruned = hi[i // block * block] - hi[(j // key_block + 1) * key_block - 1] < thr[0]
+    logits = np.where((j <= i) & ~pruned, logits, -np.inf)
+    return np.log2(np.sum(np.exp2(logits - logits.max(axis=1, keepdims=True)), axis=1)) + logits.max(axis=1)
+
+  exact, whole_tiles = float64_lse2(block), float64_lse2(2 * block)
+  assert np.max(np.abs(exact - whole_tiles)) > 5e-5  # the two sets differ measurably
+  assert np.max(np.abs(lse2 - exact)) < 5e-6, np.max(np.abs(lse2 - exact))
 
 
 # (T, heads, kv heads, D, dtype, options)
@@ -286,25 +333,29 @@ def test_the_pruned_bounds_are_the_tiles_the_per_tile_test_skips():
 
 
 @pytest.mark.parametrize("gates, offset", [((-4.0, -1.0), 5e4), ((-0.03, 0.0), 0.0)])
-def test_the_folded_decay_is_the_two_part_difference_split_at_the_anchors(gates, offset):
+@pytest.mark.parametrize("key_block", [mosaic_gpu.ANCHOR_BLOCK, mosaic_gpu.WIDE_KEYS])
+def test_the_folded_decay_is_the_two_part_difference_split_at_the_anchors(gates, offset, key_block):
   """Version 2's folded decay (Version.folded_decay; plain XLA and float32 arithmetic: tested on
-  every leg): gap + e_i - e_j, gap from the high parts at the two blocks' anchors, e from
-  _in_block_decay2, is (c_i - c_j) log2 e to within a few roundings of the terms' sizes, c far from
-  zero included; with c's low part dropped (a float32 c) it is not."""
+  every leg): gap + e_i - e_j, gap from the high parts at the two blocks' anchors (their middles),
+  e from _in_block_decay2 (the rows' in blocks of 64, the keys' in blocks of 64 or of the forward's
+  wide key tiles, 128), is (c_i - c_j) log2 e to within a few roundings of the terms' sizes, c
+  far from zero included; with c's low part dropped (a float32 c) it is not."""
   from lpcjax.kernels import decay
   rng = np.random.default_rng(0)
-  seq_len, block, anchor = 256, mosaic_gpu.ANCHOR_BLOCK, mosaic_gpu.ANCHOR
+  seq_len, row_block = 256, mosaic_gpu.ANCHOR_BLOCK
+  assert mosaic_gpu.ANCHOR == row_block // 2
   log_f = rng.uniform(*gates, size=(1, seq_len))
   log_f[:, 0] -= offset
   exact = np.cumsum(log_f, axis=1)[0] * np.log2(np.e)  # float64
   c = decay.cumsum(jnp.asarray(log_f, jnp.float32))
 
   def folded(c):
-    e = np.asarray(mosaic_gpu._in_block_decay2(c))[0]
-    anchors = np.asarray(c.hi)[0, anchor::block]
-    blocks = np.arange(seq_len) // block
-    gap = (anchors[blocks][:, None] - anchors[blocks][None, :]) * np.float32(np.log2(np.e))  # float32, as the kernels
-    return gap + e[:, None] - e[None, :], np.abs(gap) + np.abs(e[:, None]) + np.abs(e[None, :])
+    def side(block):  # e, and hi at each position's block's anchor
+      e = np.asarray(mosaic_gpu._in_block_decay2(c, block))[0]
+      return e, np.asarray(c.hi)[0, block // 2::block][np.arange(seq_len) // block]
+    (e_i, anchor_i), (e_j, anchor_j) = side(row_block), side(key_block)
+    gap = (anchor_i[:, None] - anchor_j[None, :]) * np.float32(np.log2(np.e))  # float32, as the kernels
+    return gap + e_i[:, None] - e_j[None, :], np.abs(gap) + np.abs(e_i[:, None]) + np.abs(e_j[None, :])
 
   decay2, size = folded(c)
   error = np.abs(decay2 - (exact[:, None] - exact[None, :]))

@@ -104,7 +104,8 @@ class Version:
 
   * ``unmasked_interior``: a tile every pair of which is visible (below the diagonal, inside the
     window, one segment: a test of its corners) skips the masks' iotas, compares and selects, in
-    the forward, the dQ and the row-term kernels (not yet dK/dV: see ``_key_sweep_call``).
+    the forward, the dQ and the row-term kernels, and at D = 64 in the key sweeps (dK/dV and the
+    one-kernel backward: ``_key_sweep_skips_masks``).
   * ``heavy_first``: the query blocks with the most key blocks (the last, under the causal mask)
     are launched first, so that the short ones fill the last wave (forward, dQ, row term; the
     dK/dV kernel's key blocks already come heaviest first).
@@ -501,6 +502,15 @@ def _unless_pruned(prune, queries, keys, thr, update, carry):
   return lax.cond(_prunable(queries, keys, thr), lambda carry: carry, update, carry)
 
 
+def _key_sweep_skips_masks(version, head_dim):
+  """Whether the key sweeps (dK/dV, the one-kernel backward: S^T, keys as rows) skip the masks of
+  interior tiles (``Version.unmasked_interior``): at D = 64, where their registers allow it (no
+  spills, measured: version 2's dK/dV 162 registers on its interior path, 201 on its masked one);
+  at D = 128 the branch spills (version 2's dK/dV 52 B, the one-kernel backward 28 B, 20 B on
+  the hardware path, plain causal; benchmarks/mosaic_gpu_static.py), so every tile is masked."""
+  return version.unmasked_interior and head_dim <= 64
+
+
 def _launch_order(index, count, version):
   """The query block that grid point ``index`` (of ``count``) computes: the last first with
   ``version.heavy_first`` (a causal row block's work grows with its position)."""
@@ -833,11 +843,8 @@ def _key_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, gro
 
         def tile_update(carry):
           dk, dv, dc = carry
-          # masks on every tile, whatever the version: the interior branch costs this kernel spills
-          # at D = 128 (version 2: 255 registers and 68 B with it, 251 and none without; with the
-          # folded decay 52 B with it, 248 and none without;
-          # benchmarks/mosaic_gpu_static.py)
-          p_t = _probabilities(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, _rows(q_lse, 1), scale2, window, version)
+          p_t = _probabilities(_matmul(k_s, q_s.T, (bk, bq)), queries, keys, _rows(q_lse, 1), scale2, window, version,
+                               _key_sweep_skips_masks(version, head_dim))
           p_operand, = _a_operands([p_t], q.dtype, p_tiles)
           dv = _accumulate(dv_acc, dv, p_operand, do_s)  # dV += P^T dO
           dp_t = _matmul(v_s, do_s.T, (bk, bq))  # dP^T = V dO^T (reading it waits for dV's product)
@@ -993,7 +1000,8 @@ def _fused_sweep_call(q, k, v, c_hi, c_lo, seg, thr, do, lse, delta, *, heads, g
       acc, = accumulator
 
       def probabilities_dv_dq(dc):  # warpgroup 0
-        p_t = _probabilities(_matmul(k_s, q_s.T, (bk, bq)), *sides(), _rows(q_lse, 1), scale2, window, version)
+        p_t = _probabilities(_matmul(k_s, q_s.T, (bk, bq)), *sides(), _rows(q_lse, 1), scale2, window, version,
+                             _key_sweep_skips_masks(version, head_dim))
         p_s[...] = p_t
         p_operand, = _a_operands([p_t], q.dtype, p_tiles)
         plgpu.commit_smem()  # p_s's store (on the tested path _a_operands has committed it already)

@@ -251,11 +251,11 @@ def check_runnable(interpret, version=V2):
                      f"install nvidia-cuda-nvcc-cu12>=12.9.86 or use impl='pallas'")
 
 
-def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None, version=None):
+def fit_block_sizes(block_sizes, seq_len, head_dim, dtype=None, version=V2):
   """The kernels' fixed tiles (their shapes follow wgmma's and the warpgroups'; the forward's key
   tile, ``block_k``, is ``forward_key_tile``'s); other sizes are refused in one line."""
   del seq_len, dtype
-  tiles = dataclasses.replace(TILES, block_k=forward_key_tile(version or V2, head_dim))
+  tiles = dataclasses.replace(TILES, block_k=forward_key_tile(version, head_dim))
   if block_sizes is not None and block_sizes.fitted(1 << 30) != tiles.fitted(1 << 30):
     raise ValueError(f"forgetting_attention: the Mosaic GPU kernels run fixed tiles {tiles}; got {block_sizes}")
   return tiles
@@ -472,14 +472,15 @@ def _probabilities(scores, queries, keys, lse2, scale2, window, version, masks_o
   return jnp.exp2(s - _across(rows, s.shape, 0))
 
 
-def _prunable(queries, keys, thr):
+def _prunable(queries, keys, thr, last=None):
   """Whether pruning may skip a tile: pruning.py's bound, max over the rows of c minus min over
   the columns below the threshold ``thr`` (a scalar), on the high parts of c (a tile holding a
   diagonal element never passes it). c is non-increasing (log f <= 0; rounding to hi keeps the
   order), so the max is the first row's and the min the last column's: two scalar SMEM reads.
   (A reduction of the layout'd vectors would go through a scratch slot that the forward's two
   compute warpgroups share, unsynchronized between them.)"""
-  return queries.hi_ref[0] - keys.hi_ref[keys.hi_ref.shape[0] - 1] < thr
+  last = keys.hi_ref.shape[0] - 1 if last is None else last  # or the last column of a prefix
+  return queries.hi_ref[0] - keys.hi_ref[last] < thr
 
 
 def _pruned_prefix(queries, keys, thr):
@@ -488,10 +489,10 @@ def _pruned_prefix(queries, keys, thr):
   the backward's pruned tiles: the tile is skipped where its last block may be (``_prunable``),
   and the blocks before the first kept one are masked (c being non-increasing, they are a
   prefix). Their values are still read and multiplied by 0."""
-  last = lambda block: keys.hi_ref[(block + 1) * ANCHOR_BLOCK - 1]
   first_kept = keys.start
-  for block in range(keys.size // ANCHOR_BLOCK - 1):
-    first_kept = jnp.where(queries.hi_ref[0] - last(block) < thr, keys.start + (block + 1) * ANCHOR_BLOCK, first_kept)
+  for block in range(1, keys.size // ANCHOR_BLOCK):  # the prefix of ``block`` blocks, by its last column
+    pruned = _prunable(queries, keys, thr, last=block * ANCHOR_BLOCK - 1)
+    first_kept = jnp.where(pruned, keys.start + block * ANCHOR_BLOCK, first_kept)
   return first_kept
 
 

@@ -1197,4 +1197,4 @@ def _register(version, priority):
 mosaic_gpu_attention = _register(V2, priority=10)
 _register(V1, priority=None)
 _register(V2_FUSED, priority=None)  # by name: its dQ is summed by reduce-adds (not deterministic)
-_register(V2_HARDWARE, priority=None)  # "auto" takes it only after gpu_check.sh has passed it on a GPU
+_register(V2_HARDWARE, priority=None)  # by name; giving it a priority waits for gpu_check.sh to pass it on a GPU

@@ -8,6 +8,12 @@ KeyboardInterrupt swallowed that way is not printed. Whoever runs long work insi
 ``requested()`` at its next safe point (the trainer's ``stop_requests`` does, so a swallowed
 request stops the run before its first step; eval.py checks before writing). Standard library
 only: train.py and eval.py enter it before JAX is imported.
+
+A Ctrl-C while a module is being imported is recorded and not raised. A KeyboardInterrupt
+thrown out of a native extension's initialisation (jaxlib's, numpy's) leaves the library
+half set up; the next import of it runs that initialisation again, and the process dies of it
+(measured: SIGABRT from absl's "SetTimeZone() has already been called", or SIGSEGV). The
+request is honoured at the next safe point instead: ``raise_if_requested()``, or the ones above.
 """
 
 import contextlib
@@ -23,6 +29,21 @@ def requested():
   return _requested
 
 
+def raise_if_requested():
+  """A safe point: KeyboardInterrupt if SIGINT arrived (one that an import or a callback held back)."""
+  if _requested:
+    raise KeyboardInterrupt
+
+
+def _importing(frame):
+  """Whether Python's import machinery is on the stack: a module, maybe a native one, is loading."""
+  while frame is not None:
+    if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+      return True
+    frame = frame.f_back
+  return False
+
+
 @contextlib.contextmanager
 def remembered():
   """SIGINT records a stop request and raises KeyboardInterrupt; the previous SIGINT handler and
@@ -35,7 +56,8 @@ def remembered():
   def handler(signum, frame):
     global _requested
     _requested = True
-    raise KeyboardInterrupt
+    if not _importing(frame):
+      raise KeyboardInterrupt
 
   def unraisable(info):
     if _requested and issubclass(info.exc_type, KeyboardInterrupt):

@@ -58,6 +58,7 @@ def _evaluate(argv, run_dirs):
   for run in run_dirs:  # a mistyped path is answered before JAX is imported
     check_run_path(run)
   from lpcjax.runs import evaluators_of, load_run, read_config
+  interrupts.raise_if_requested()  # a Ctrl-C held back while JAX loaded
 
   configs = [read_config(run) for run in run_dirs]  # once per run: the evaluators, then the loads
   evaluators = evaluators_of(configs)

@@ -119,6 +119,7 @@ def _train(args, argv):
   run_folder = os.path.join(config.train.run_dir, config.train.run_name or "")
   check_writable(run_folder, "choose a writable folder with train.run_dir=PATH")
   from lpcjax.training import train
+  interrupts.raise_if_requested()  # a Ctrl-C held back while JAX loaded: before the run folder exists
 
   hooks = experiment.experiment_hooks(args.config, config, CONFIG_DIR)  # the file's get_hooks(config), if any
   return train(config, resume=args.resume, resume_command=lambda run_name: resume_command(argv, run_name),

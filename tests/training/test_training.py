@@ -352,6 +352,30 @@ def test_a_stop_request_at_any_moment_ends_cleanly(tmp_path):
     assert not run_dir.exists() or has_checkpoint(str(run_dir))
 
 
+def test_a_ctrl_c_during_an_import_waits_for_the_import_to_finish(tmp_path, monkeypatch):
+  """The CI failure this guards against: SIGINT landed while jaxlib's native module was being
+  initialised, the KeyboardInterrupt left it half set up, and loading it again aborted the
+  process (SIGABRT, absl's "SetTimeZone() has already been called"). A Ctrl-C during an import
+  is recorded and raised at the next safe point, after the import; elsewhere it raises at once."""
+  import importlib
+  import signal
+  from lpcjax import interrupts
+  (tmp_path / "ctrl_c_while_loading.py").write_text(
+      "import signal\nsignal.raise_signal(signal.SIGINT)\nfinished = True\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with interrupts.remembered():
+    try:
+      module = importlib.import_module("ctrl_c_while_loading")
+    except KeyboardInterrupt:
+      pytest.fail("the Ctrl-C was raised inside the import")
+    assert module.finished and interrupts.requested()
+    with pytest.raises(KeyboardInterrupt):
+      interrupts.raise_if_requested()
+    with pytest.raises(KeyboardInterrupt):  # outside an import: at once
+      signal.raise_signal(signal.SIGINT)
+  assert not interrupts.requested()
+
+
 def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_run(capsys):
   """The CI failure this guards against: SIGINT landed in JAX's garbage-collection callback, Python
   printed 'Exception ignored' with a traceback, and the run trained to the end. Inside

@@ -6,7 +6,9 @@ that), and the compiled executable's memory (XLA memory analysis: temporaries + 
 outputs of forward+backward). Ratios between rows come from the same run.
 
 Candidates: lpcjax pallas / triton (jax-triton) / mosaic_gpu (Hopper; mosaic_gpu_v1 its version 1,
-mosaic_gpu_fused its one-kernel backward, mosaic_gpu_hw that's hardware-only path) / xla /
+mosaic_gpu_fused its one-kernel backward, mosaic_gpu_hw that's hardware-only path;
+mosaic_gpu_hw_no_turns: that path with its forward's warpgroups not taking turns, registered for the
+run only, to time what the turns buy) / xla /
 reference backends and "auto" (what
 the backend table picks here); ``*_pruned``: the same kernel with ``prune_epsilon`` at its default
 (e^-10; the row also gives the share of 128 x 64 tiles the bound lets it skip on these gates, give
@@ -30,6 +32,7 @@ attention_peers.py (attention_inputs.py makes both).
 """
 
 import argparse
+import dataclasses
 import itertools
 import os
 import platform
@@ -41,7 +44,7 @@ import jax.numpy as jnp
 from attention_inputs import TABLE_HEADER, attention_inputs, row_line, row_shape, timing_figures
 
 from lpcjax.files import write_json_atomic
-from lpcjax.kernels import forgetting_attention
+from lpcjax.kernels import forgetting_attention, mosaic_gpu
 from lpcjax.kernels.pruning import DEFAULT_EPSILON, skipped_tile_fraction
 
 REFERENCE_LIMIT_BYTES = 8 * 2**30  # the reference's [B, H, T, T] float32 logits must fit this
@@ -51,6 +54,13 @@ def lpcjax_candidate(impl, prune_epsilon=None):
   def attend(q, k, v, log_f):
     return forgetting_attention(q, k, v, log_f, impl=impl, prune_epsilon=prune_epsilon)
   return attend
+
+
+def without_turns(impl):
+  """impl="mosaic_gpu..." with ``Version.taking_turns`` off, registered here as IMPL_no_turns."""
+  version = dataclasses.replace(mosaic_gpu.VERSIONS[impl], name=f"{impl}_no_turns", taking_turns=False)
+  mosaic_gpu._register(version, priority=None)
+  return lpcjax_candidate(version.name)
 
 
 def dot_product_attention_bias(q, k, v, log_f):
@@ -104,6 +114,7 @@ CANDIDATES = {
     "mosaic_gpu_v1": (lpcjax_candidate("mosaic_gpu_v1"), "gpu"),  # version 1, kept to compare
     "mosaic_gpu_fused": (lpcjax_candidate("mosaic_gpu_fused"), "gpu"),  # version 2, the backward in one kernel
     "mosaic_gpu_hw": (lpcjax_candidate("mosaic_gpu_hw"), "gpu"),  # that's hardware-only path
+    "mosaic_gpu_hw_no_turns": (without_turns("mosaic_gpu_hw"), "gpu"),
     "xla": (lpcjax_candidate("xla"), None),
     "xla_pruned": (lpcjax_candidate("xla", DEFAULT_EPSILON), None),
     "auto": (lpcjax_candidate("auto"), None),

@@ -168,6 +168,13 @@ class Version:
     is read once per 128 keys). With ``folded_decay`` the keys' second vector is measured from
     the middle of their 128-block: up to 64 positions' decay instead of 32 (the error, measured:
     docs/kernels_mosaic_gpu.md).
+  * ``taking_turns``: the forward's two compute warpgroups issue their products in turns (FA3's
+    ping-pong schedule, ``_Turns``): one warpgroup's softmax runs while the other's products
+    keep the tensor cores busy, instead of both issuing at once and both then waiting. On the
+    hardware path only, as the issue asks of schedule barriers: it costs 6-9 % more instructions
+    in the forward's loop (the turns' waits and their barriers' phases), which a compiler count
+    cannot weigh against the overlap it buys; gpu_check.sh times it against the same path
+    without (docs/kernels_mosaic_gpu.md).
   """
 
   name: str
@@ -181,6 +188,7 @@ class Version:
   fused_backward: bool = False
   folded_decay: bool = False
   wide_forward_keys: bool = False
+  taking_turns: bool = False
 
 
 V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False,
@@ -190,7 +198,8 @@ V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_boun
 # by name, until a GPU checks it
 # its backward tests each tile for pruning (``_fused_sweep_call``): no bounds to build
 V2_FUSED = dataclasses.replace(V2, name="mosaic_gpu_fused", fused_backward=True, pruned_bounds=False)
-V2_HARDWARE = dataclasses.replace(V2_FUSED, name="mosaic_gpu_hw", hardware_only=True, approx_math=True)
+V2_HARDWARE = dataclasses.replace(V2_FUSED, name="mosaic_gpu_hw", hardware_only=True, approx_math=True,
+                                  taking_turns=True)
 VERSIONS = {version.name: version for version in (V1, V2, V2_FUSED, V2_HARDWARE)}
 
 
@@ -213,7 +222,9 @@ MISCOMPILING_PTXAS = ((12, 8, 0), (12, 9, 86))
 
 def _interpreter_threads():
   """How many XLA computations JAX's interpreter can run at once here, as measured on a 2-core
-  machine: they hang with 1 or 2 host devices and run with 3, so the larger of the CPUs this
+  machine: they hang with 1 or 2 host devices and run with 3 (measured: the one-kernel backward,
+  and version 2's forward with its 128-key tiles; the same forward with 64-key tiles ran at
+  T = 1024), so the larger of the CPUs this
   process may use and the host devices (a bound from that one machine, not XLA's rule)."""
   cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
   if cpus >= 3:
@@ -229,9 +240,9 @@ def check_runnable(interpret, version=V2):
     raise ValueError(f"forgetting_attention: impl={version.name!r} uses what JAX's Mosaic GPU interpreter "
                      f"cannot run (wgmma operands in registers, ACC.init): no interpret mode; use "
                      f"impl='mosaic_gpu' there")
-  if interpret and version.fused_backward and _interpreter_threads() < 3:
-    raise ValueError(f"forgetting_attention: impl={version.name!r} under interpret=True runs its kernels' three "
-                     f"warpgroups as XLA computations at once, two waiting on each other, and XLA's CPU client "
+  if interpret and _interpreter_threads() < 3:
+    raise ValueError(f"forgetting_attention: impl={version.name!r} under interpret=True runs each kernel's three "
+                     f"warpgroups as XLA computations at once, waiting on each other, and XLA's CPU client "
                      f"runs fewer at once on this machine (it would hang); set XLA_FLAGS="
                      f"--xla_force_host_platform_device_count=3 or more before JAX starts")
   if interpret:
@@ -285,18 +296,18 @@ def _smem_tiles(columns, dtype):
   return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
 
 
-def _products(pairs, shape):
+def _products(pairs, shape, turn=None):
   """sum of a @ b over ``pairs`` (b an SMEM operand, maybe a transposed view; a in SMEM, or in
-  registers on the hardware path), accumulated by wgmma in one fresh float32 accumulator."""
+  registers on the hardware path), accumulated by wgmma in one fresh float32 accumulator; issued
+  in this warpgroup's ``turn`` (``_Turns``) where given."""
   def run(acc):
-    for a, b in pairs:
-      plgpu.wgmma(acc, a, b)
+    _issued_in_turn(turn, lambda: [plgpu.wgmma(acc, a, b) for a, b in pairs])
     return acc[...]
   return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
 
 
-def _matmul(a, b, shape):
-  return _products([(a, b)], shape)
+def _matmul(a, b, shape, turn=None):
+  return _products([(a, b)], shape, turn)
 
 
 def _accumulate(acc, value, a, b):
@@ -339,16 +350,44 @@ def _a_operands(values, dtype, tiles):
   return list(tiles)
 
 
-def _rescaled_products(acc, scale, pairs, version):
+class _Turns:
+  """``Version.taking_turns``: the compute warpgroups issue their products in turns, a token
+  passed between them on two one-arrival barriers (``barriers.at[w]``: warpgroup w's turn). A
+  warpgroup waits for the token, issues, and hands it over at once, before waiting for its
+  products: so warpgroup 0's S of a step runs while warpgroup 1 computes its P, and the other
+  way round. Each warpgroup takes two turns a step (S, then P V), a skipped tile too, so the
+  token alternates; warpgroup 1 hands it over once before the sweep, so warpgroup 0 goes first,
+  and warpgroup 0 takes it back once after the sweep, so every arrival is waited for."""
+
+  def __init__(self, barriers, wg):
+    self.barriers, self.wg = barriers, wg
+
+  def wait(self):
+    plgpu.barrier_wait(self.barriers.at[self.wg])
+
+  def hand_over(self):
+    plgpu.barrier_arrive(self.barriers.at[1 - self.wg])
+
+
+def _issued_in_turn(turn, issue):
+  """``issue()`` (wgmmas, left in flight), in ``turn`` if there is one."""
+  if turn is not None:
+    turn.wait()
+  issue()
+  if turn is not None:
+    turn.hand_over()
+
+
+def _rescaled_products(acc, scale, pairs, version, turn=None):
   """acc times ``scale`` (a row vector) plus the sum of a @ b over ``pairs``: on the hardware path
-  wgmma adds into the rescaled acc itself (``ACC.init``), else into a fresh accumulator added to it."""
+  wgmma adds into the rescaled acc itself (``ACC.init``), else into a fresh accumulator added to it;
+  issued in ``turn`` where given."""
   acc = acc * _across(scale, acc.shape, 0)
   if not version.hardware_only:
-    return acc + _products(pairs, acc.shape)
+    return acc + _products(pairs, acc.shape, turn)
 
   def run(ref):
-    for a, b in pairs:
-      plgpu.wgmma(ref, a, b)
+    _issued_in_turn(turn, lambda: [plgpu.wgmma(ref, a, b) for a, b in pairs])
   return pl.run_state(run)(plgpu.ACC.init(acc))
 
 
@@ -503,6 +542,14 @@ def _unless_pruned(prune, queries, keys, thr, update, carry):
   return lax.cond(_prunable(queries, keys, thr), lambda carry: carry, update, carry)
 
 
+def _forward_takes_turns(version, head_dim, two_part):
+  """Whether the forward's warpgroups take turns (``Version.taking_turns``): everywhere but the
+  hardware path's two-part forward at D = 128, where P's two register operands and the
+  accumulator fill the registers at P V's turn and its wait spilled 8 B (plain causal;
+  benchmarks/mosaic_gpu_static.py)."""
+  return version.taking_turns and not (version.hardware_only and two_part and head_dim > 64)
+
+
 def _key_sweep_skips_masks(version, head_dim):
   """Whether the key sweeps (dK/dV, the one-kernel backward: S^T, keys as rows) skip the masks of
   interior tiles (``Version.unmasked_interior``): at D = 64, where their registers allow it (no
@@ -571,12 +618,14 @@ def _forward_tiles(version, dtype, head_dim, bk, two_part):
   return tiles
 
 
-def _forward_scratch(version, dtype, head_dim, bk, two_part):
-  """``_forward_tiles`` as SMEM scratch (wgmma's tiling and swizzle), with Q's barriers after lse."""
+def _forward_scratch(version, dtype, head_dim, bk, two_part, turns):
+  """``_forward_tiles`` as SMEM scratch (wgmma's tiling and swizzle), with Q's barriers after lse and
+  then, with ``turns``, the two of ``_Turns``."""
   # the matrices (64 rows: what wgmma and TMA read) tiled and swizzled, the vectors plain
   refs = [plgpu.SMEM(shape, kind, transforms=_smem_tiles(shape[-1], kind)) if shape[1:-1] == (WG_ROWS,)
           else plgpu.SMEM(shape, kind) for shape, kind in _forward_tiles(version, dtype, head_dim, bk, two_part)]
-  return refs[:3] + [plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)] + refs[3:]
+  turns = [plgpu.Barrier(num_arrivals=1, num_barriers=COMPUTE_WGS)] if turns else []
+  return refs[:3] + [plgpu.Barrier(num_arrivals=5, num_barriers=COMPUTE_WGS)] + turns + refs[3:]
 
 
 def _forward_smem(version, dtype, head_dim, bk, two_part):
@@ -606,13 +655,16 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
   bh_count, seq_len, head_dim = _sizes(q)
   bq, bk = WG_ROWS, forward_key_tile(version, head_dim)
   tile = _smem_tiles(head_dim, q.dtype)
+  turns = _forward_takes_turns(version, head_dim, two_part)
 
   def body(*refs):
     q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, key_second_ref, o_ref, *refs = refs
     o_lo_ref, lse_ref, *refs = refs if two_part else (None, *refs)
     q_s, rows_s, lse_s, q_bar, *refs = refs
+    turn_bars, *refs = refs if turns else (None, *refs)
     o_lo_s, *p_tiles = refs if two_part else (None, *refs)
     bh, wg = lax.axis_index("bh"), lax.axis_index("wg")
+    turn = None if turn_bars is None else _Turns(turn_bars, wg)
     block = _launch_order(lax.axis_index("q"), seq_len // (COMPUTE_WGS * bq), version)
     cta_first = block * (COMPUTE_WGS * bq)
     first, end = _key_range(cta_first, COMPUTE_WGS * bq, bk, window)
@@ -628,7 +680,11 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
       init = (plgpu.layout_cast(jnp.zeros((bq, head_dim), jnp.float32), plgpu.Layout.WGMMA),
               plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), row_layout),
               plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_layout))
+      if turn is not None:  # warpgroup 0 takes the first turn
+        pl.when(wg == 1)(turn.hand_over)
       acc, m, l = run_pipeline(init)
+      if turn is not None:  # and warpgroup 0 takes back the token warpgroup 1 handed over last
+        pl.when(wg == 0)(turn.wait)
       o = acc / _across(l, acc.shape, 0)  # every row sees itself: l >= 1
       lse = m + jnp.log2(l)
 
@@ -657,7 +713,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
 
       def tile_update(carry):
         acc, m, l = carry
-        scores = _matmul(q_s.at[wg], k_s.T, (bq, bk))
+        scores = _matmul(q_s.at[wg], k_s.T, (bq, bk), turn)
         if not version.folded_decay:
           s = _logits2(scores, queries, keys, scale2, window, version.unmasked_interior)
           m_new = jnp.maximum(m, s.max(axis=1))
@@ -672,7 +728,12 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
         if two_part:  # and P's rounding residual, so that o + o_lo is P V to float32's precision
           values.append(p - p.astype(q.dtype).astype(jnp.float32))
         parts = [(a, v_s) for a in _a_operands(values, q.dtype, [ref.at[wg] for ref in p_tiles])]
-        return _rescaled_products(acc, alpha, parts, version), m_new, l * alpha + p.sum(axis=1)
+        return _rescaled_products(acc, alpha, parts, version, turn), m_new, l * alpha + p.sum(axis=1)
+
+      def skip(carry):  # a skipped tile takes its two turns all the same
+        for _ in range(2 if turn is not None else 0):
+          _issued_in_turn(turn, lambda: None)
+        return carry
 
       # blocks wholly right of this warpgroup's diagonal, or left of its window, are skipped,
       # and so are those pruning may skip
@@ -683,7 +744,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
         seen &= jnp.logical_not(_prunable(queries, keys, rows_s.at[wg, 3][0]))
         if bk > ANCHOR_BLOCK:  # the tile's pruned 64-key blocks, a prefix, masked
           keys.first_kept = _pruned_prefix(queries, keys, rows_s.at[wg, 3][0])
-      return lax.cond(seen, tile_update, lambda carry: carry, carry)
+      return lax.cond(seen, tile_update, skip, carry)
 
     # the copying warpgroup keeps 32 registers, each compute warpgroup gets 240: with 40 (232) the
     # two-part forward with 128 keys a tile spilled 8 B at D = 64 (a window's bounds, reloaded
@@ -696,7 +757,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
 
   o = jax.ShapeDtypeStruct(q.shape, q.dtype)
   o_lo = (jax.ShapeDtypeStruct(q.shape, O_LO_DTYPE),) if two_part else ()
-  scratch = _forward_scratch(version, q.dtype, head_dim, bk, two_part)
+  scratch = _forward_scratch(version, q.dtype, head_dim, bk, two_part, turns)
   return plgpu.kernel(
       _named(body, "fwd_two_part" if two_part else "fwd", version),
       out_type=(o, *o_lo, jax.ShapeDtypeStruct((bh_count, seq_len), jnp.float32)),

@@ -71,6 +71,10 @@ def test_outputs_and_gradients_match_float64(name, impl):
   every case; version 1, kept to compare, on the one with every mask; the one-kernel backward
   (impl="mosaic_gpu_fused": two warpgroups meeting on barriers, dQ summed over the key blocks) on
   D = 128, grouped K/V and the window."""
+  assert_case_matches_float64(name, impl)
+
+
+def assert_case_matches_float64(name, impl):
   seq_len, heads, kv_heads, head_dim, dtype, window, starts = CASES[name]
   inputs = case(seq_len, heads, kv_heads, head_dim, dtype)
   segment_ids = None
@@ -81,6 +85,25 @@ def test_outputs_and_gradients_match_float64(name, impl):
   results = run(*inputs, dtype, impl, segment_ids=None if segment_ids is None else jnp.asarray(segment_ids),
                 window=window)
   assert_close(results, float64(*inputs, segment_ids, window), dtype)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", ["bf16-window48-segments", "fp16-D128-ragged"])
+def test_the_forwards_warpgroups_taking_turns_match_float64_without_a_race(monkeypatch, name):
+  """``Version.taking_turns`` (the hardware path's schedule, which the interpreter cannot run)
+  on the tested path: the token passes without a deadlock (a turn too few hangs the
+  interpreter: tried), with the race detector on, and the numbers are version 2's. The window
+  case has tiles one warpgroup skips while the other computes them; D = 128 runs 64-key tiles."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as interpreter
+  handed_over = []
+  hand_over = mosaic_gpu._Turns.hand_over
+  monkeypatch.setattr(mosaic_gpu, "_forward_takes_turns", lambda version, head_dim, two_part: True)
+  monkeypatch.setattr(mosaic_gpu._Turns, "hand_over", lambda turn: (handed_over.append(1), hand_over(turn))[1])
+  monkeypatch.setattr(mosaic_gpu, "DETECT_RACES", True)
+  interpreter.reset_gpu_interpret_mode_state()
+  assert_case_matches_float64(name, "mosaic_gpu")
+  assert handed_over  # the forward was built taking turns
+  assert not interpreter.get_races().races_found
 
 
 @needs_interpreter
@@ -290,15 +313,17 @@ def test_what_it_cannot_run_is_refused_in_one_line(impl, dtype, head_dim, messag
   assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_the_one_kernel_backward_is_refused_interpreted_where_it_would_hang(monkeypatch):
-  """Its three warpgroups run as three XLA computations at once, two waiting on each other: on a
-  2-core machine with 1 or 2 host devices the interpreter hangs (measured), with 3 it runs."""
+@pytest.mark.parametrize("impl", ["mosaic_gpu", "mosaic_gpu_fused", "mosaic_gpu_v1"])
+def test_the_interpreter_is_refused_where_it_would_hang(monkeypatch, impl):
+  """A kernel's three warpgroups run as three XLA computations at once, waiting on each other: on
+  a 2-core machine with 1 or 2 host devices the interpreter hangs (measured: the one-kernel
+  backward, version 2's forward), with 3 it runs."""
   monkeypatch.setattr(mosaic_gpu.os, "cpu_count", lambda: 2)  # a 2-core machine, whatever this one is
   monkeypatch.setattr(mosaic_gpu.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
   monkeypatch.setattr(jax, "local_device_count", lambda *backend: 2)
   x = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
   with pytest.raises(ValueError) as error:
-    forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl="mosaic_gpu_fused", interpret=True)
+    forgetting_attention(x, x, x, jnp.zeros((1, 128, 1)), impl=impl, interpret=True)
   assert "--xla_force_host_platform_device_count=3" in str(error.value) and "\n" not in str(error.value)
 
 

@@ -171,10 +171,10 @@ class Version:
   * ``taking_turns``: the forward's two compute warpgroups issue their products in turns (FA3's
     ping-pong schedule, ``_Turns``): one warpgroup's softmax runs while the other's products
     keep the tensor cores busy, instead of both issuing at once and both then waiting. On the
-    hardware path only, as the issue asks of schedule barriers: it costs 6-9 % more instructions
-    in the forward's loop (the turns' waits and their barriers' phases), which a compiler count
-    cannot weigh against the overlap it buys; gpu_check.sh times it against the same path
-    without (docs/kernels_mosaic_gpu.md).
+    hardware path only, with its other constructs awaiting a GPU: it costs 5 % (edge tiles) to
+    9 % (interior ones) more instructions in the forward's loop (the turns' waits and their
+    barriers' phases), which a compiler count cannot weigh against the overlap it buys;
+    gpu_check.sh times it against the same path without (docs/kernels_mosaic_gpu.md).
   """
 
   name: str

@@ -14,6 +14,7 @@ thrown out of a native extension's initialisation (jaxlib's, numpy's) leaves the
 half set up; the next import of it runs that initialisation again, and the process dies of it
 (measured: SIGABRT from absl's "SetTimeZone() has already been called", or SIGSEGV). The
 request is honoured at the next safe point instead: ``raise_if_requested()``, or the ones above.
+A second Ctrl-C raises at once, import or not: a hung import can still be interrupted.
 """
 
 import contextlib
@@ -46,8 +47,9 @@ def _importing(frame):
 
 @contextlib.contextmanager
 def remembered():
-  """SIGINT records a stop request and raises KeyboardInterrupt; the previous SIGINT handler and
-  unraisable hook come back on exit. Outside the main thread (no signal handlers there) a no-op."""
+  """SIGINT records a stop request and raises KeyboardInterrupt (held back during an import unless
+  one was recorded already); the previous SIGINT handler and unraisable hook come back on exit.
+  Outside the main thread (no signal handlers there) a no-op."""
   global _requested
   if threading.current_thread() is not threading.main_thread():
     yield
@@ -55,8 +57,8 @@ def remembered():
 
   def handler(signum, frame):
     global _requested
-    _requested = True
-    if not _importing(frame):
+    again, _requested = _requested, True
+    if again or not _importing(frame):
       raise KeyboardInterrupt
 
   def unraisable(info):

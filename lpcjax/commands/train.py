@@ -97,6 +97,7 @@ def _compile_for(args):
   if args.json:  # before minutes of compiling, not after
     check_writable(os.path.dirname(os.path.abspath(args.json)), "choose another path with --json")
   from lpcjax.aot.plan import compile_for
+  interrupts.raise_if_requested()  # a Ctrl-C held back while JAX loaded: before minutes of compiling
   return compile_for(config, args.compile_for, args.json)
 
 
@@ -107,11 +108,13 @@ def _train(args, argv):
     jax.distributed.initialize()  # coordinator, process count and id from the environment
 
   from lpcjax import experiment  # no JAX: the config and the paths are checked before it loads
+  interrupts.raise_if_requested()  # (each safe point: a Ctrl-C an import held back)
   if args.list_configs:
     for name, description in experiment.config_names(CONFIG_DIR).items():
       print(f"{name:<16} {description}")
     return None, None
   config = _resolved_config(args)
+  interrupts.raise_if_requested()
   if args.print_config:
     print(experiment.to_json(config))
     return None, None
@@ -128,7 +131,11 @@ def _train(args, argv):
 
 def main(argv=None):
   with interrupts.remembered():  # a Ctrl-C during imports or compilation is never lost
-    return _main(argv)
+    try:
+      return _main(argv)
+    except KeyboardInterrupt:  # only before the trainer starts (or in --compile-for): from then on a stop is graceful
+      print("error: interrupted before training started; nothing was written", file=sys.stderr)
+      return EXIT_STOPPED
 
 
 def _main(argv):
@@ -161,11 +168,7 @@ def _main(argv):
       parser.error("--compile-for compiles a step and trains nothing: it takes no --resume")
     return cli.exit_status(lambda: _compile_for(args))  # 0 fits, 1 does not (its line says by how much), 2 error
 
-  try:
-    outcome = cli.exit_status(lambda: _train(args, argv))
-  except KeyboardInterrupt:  # only before the trainer starts: from then on a stop is graceful
-    print("error: interrupted before training started; nothing was written", file=sys.stderr)
-    return EXIT_STOPPED
+  outcome = cli.exit_status(lambda: _train(args, argv))
   if outcome == cli.USAGE_ERROR:
     return outcome
   run_dir, summary = outcome

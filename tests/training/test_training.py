@@ -356,7 +356,8 @@ def test_a_ctrl_c_during_an_import_waits_for_the_import_to_finish(tmp_path, monk
   """The CI failure this guards against: SIGINT landed while jaxlib's native module was being
   initialised, the KeyboardInterrupt left it half set up, and loading it again aborted the
   process (SIGABRT, absl's "SetTimeZone() has already been called"). A Ctrl-C during an import
-  is recorded and raised at the next safe point, after the import; elsewhere it raises at once."""
+  is recorded and raised at the next safe point, after the import; elsewhere, or a second one,
+  raises at once."""
   import importlib
   import signal
   from lpcjax import interrupts
@@ -373,6 +374,9 @@ def test_a_ctrl_c_during_an_import_waits_for_the_import_to_finish(tmp_path, monk
       interrupts.raise_if_requested()
     with pytest.raises(KeyboardInterrupt):  # outside an import: at once
       signal.raise_signal(signal.SIGINT)
+    (tmp_path / "second_ctrl_c_while_loading.py").write_text("import signal\nsignal.raise_signal(signal.SIGINT)\n")
+    with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C: at once, even inside an import
+      importlib.import_module("second_ctrl_c_while_loading")
   assert not interrupts.requested()
 
 

@@ -6,6 +6,7 @@ log (metrics.jsonl, TensorBoard). A run loaded for evaluation and generation (``
 one floor up, in ``lpcjax.runs``.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -328,7 +329,7 @@ class MetricsLog:
     self.file, self.tensorboard = None, None
     if not self.enabled:
       return
-    path = os.path.join(run_dir, "metrics.jsonl")
+    self.path = path = os.path.join(run_dir, "metrics.jsonl")
     kept = [line for line in open(path) if _step_of(line) <= start] if os.path.exists(path) else []
     with open(f"{path}.tmp", "w") as f:
       f.writelines(kept)
@@ -343,10 +344,20 @@ class MetricsLog:
       self.tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
 
   def write(self, record):
+    """Append ``record``; a file system that refuses it (a full disk, say) ends the run in one
+    line: the checkpoints are written apart, and those saved so far stay whole (one in flight
+    that fails too says so itself, when the trainer closes the checkpointer)."""
     if not self.enabled:
       return
-    self.file.write(json.dumps(record) + "\n")
-    self.file.flush()
+    try:
+      self.file.write(json.dumps(record) + "\n")
+      self.file.flush()
+    except OSError as error:
+      file, self.file = self.file, None
+      with contextlib.suppress(OSError):  # its buffer cannot be written either; the file is closed all the same
+        file.close()
+      raise filesystem_problem(error, self.path, "the checkpoints saved so far stay whole: make room, then resume "
+                                                 "the run (--resume)") from None
     if self.tensorboard is not None:
       for key, value in record.items():
         if key != "step":

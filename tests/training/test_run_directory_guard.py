@@ -219,10 +219,26 @@ def test_eval_checks_its_output_folder_before_it_evaluates(tmp_path):
                                    "folder with --out DIR")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), a file that is always full")
+def test_a_full_disk_under_the_metrics_log_ends_the_run_in_one_line(tmp_path):
+  """The metrics log met a full disk (CI: after a checkpoint that fitted) and the run ended in a
+  traceback, then a second one from closing the file: now one line naming the file and the way out."""
+  from lpcjax.training.run_directory import MetricsLog
+  log = MetricsLog(str(tmp_path), tensorboard=False, start=0)
+  log.file.close()
+  log.file = open("/dev/full", "a")  # every flush: ENOSPC
+  with pytest.raises(FileSystemError) as error:
+    log.write({"step": 1, "loss": 1.0})
+  assert str(error.value) == (f"cannot write {tmp_path}/metrics.jsonl: no space left on the device; the checkpoints "
+                              "saved so far stay whole: make room, then resume the run (--resume)")
+  log.close()  # nothing left to fail
+
+
 def test_a_disk_that_fills_during_a_checkpoint_keeps_the_steps_before_it(tmp_path):
   """A 1.4 MB file system (tmpfs, mounted by root) holds two checkpoints of the tiny model and
-  not a third: one line, exit 2, the partial step removed, the earlier steps whole; with room
-  made, --resume finishes the run from them."""
+  not a third (or its metrics log meets the full disk first, after a checkpoint that fitted):
+  one line, exit 2, no partial step, the earlier steps whole; with room made, --resume finishes
+  the run from them."""
   mount = tmp_path / "small"
   mount.mkdir()
   if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1400k", "tmpfs", str(mount)],
@@ -238,9 +254,15 @@ def test_a_disk_that_fills_during_a_checkpoint_keeps_the_steps_before_it(tmp_pat
     found = re.fullmatch(rf"error: checkpoint step (\d+) could not be written to {mount}/r/checkpoints \(no space "
                          r"left on the device\); its partial folder was removed and the steps before it stay whole "
                          r"\(([\d, ]+)\): make room, then resume the run \(--resume\)", lines[0])
-    assert found, lines[0]
-    whole = found[2].split(", ")
-    assert sorted(os.listdir(mount / "r" / "checkpoints"), key=int) == whole and int(whole[-1]) < int(found[1])
+    # or the metrics log met the full disk first, after a checkpoint that fitted
+    log_full = (f"error: cannot write {mount}/r/metrics.jsonl: no space left on the device; the checkpoints saved "
+                "so far stay whole: make room, then resume the run (--resume)")
+    assert found or lines[0] == log_full, lines[0]
+    steps = os.listdir(mount / "r" / "checkpoints")
+    assert all(step.isdigit() for step in steps) and steps, steps  # no partial folder
+    if found:
+      whole = found[2].split(", ")
+      assert sorted(steps, key=int) == whole and int(whole[-1]) < int(found[1])
     subprocess.run(["mount", "-o", "remount,size=4m", str(mount)], check=True)
     result = run_train(*arguments, "--resume", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -70,8 +70,7 @@ def _evaluate(argv, run_dirs):
   check_writable(out, "choose another folder with --out DIR")  # before minutes of evaluation, not after
   results = [evaluator.evaluate(load_run(run, step=args.step, tokenizer_file=args.tokenizer_file, config=config), args)
              for evaluator, run, config in zip(evaluators, run_dirs, configs)]
-  if interrupts.requested():
-    raise KeyboardInterrupt
+  interrupts.raise_if_requested()  # before writing: results are written whole or not at all
   evaluators[0].write(results, out, args)
   for evaluator, result in zip(evaluators, results):
     print("\n".join(evaluator.report(result)))

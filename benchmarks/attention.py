@@ -7,8 +7,9 @@ outputs of forward+backward). Ratios between rows come from the same run.
 
 Candidates: lpcjax pallas / triton (jax-triton) / mosaic_gpu (Hopper; mosaic_gpu_v1 its version 1,
 mosaic_gpu_fused its one-kernel backward, mosaic_gpu_hw that's hardware-only path;
-mosaic_gpu_hw_no_turns: that path with its forward's warpgroups not taking turns, registered for the
-run only, to time what the turns buy) / xla /
+mosaic_gpu_hw_no_turns and mosaic_gpu_hw_no_early_release: that path with its forward's
+warpgroups not taking turns, or not releasing K's stage early, registered for the run only, to
+time what each buys) / xla /
 reference backends and "auto" (what
 the backend table picks here); ``*_pruned``: the same kernel with ``prune_epsilon`` at its default
 (e^-10; the row also gives the share of 128 x 64 tiles the bound lets it skip on these gates, give
@@ -56,9 +57,10 @@ def lpcjax_candidate(impl, prune_epsilon=None):
   return attend
 
 
-def without_turns(impl):
-  """impl="mosaic_gpu..." with ``Version.taking_turns`` off, registered here as IMPL_no_turns."""
-  version = dataclasses.replace(mosaic_gpu.VERSIONS[impl], name=f"{impl}_no_turns", taking_turns=False)
+def without(impl, feature, suffix):
+  """impl="mosaic_gpu..." with one of its ``Version`` flags (``feature``) off, registered here as
+  IMPL_no_SUFFIX: to time what that feature buys."""
+  version = dataclasses.replace(mosaic_gpu.VERSIONS[impl], name=f"{impl}_no_{suffix}", **{feature: False})
   mosaic_gpu._register(version, priority=None)
   return lpcjax_candidate(version.name)
 
@@ -114,7 +116,8 @@ CANDIDATES = {
     "mosaic_gpu_v1": (lpcjax_candidate("mosaic_gpu_v1"), "gpu"),  # version 1, kept to compare
     "mosaic_gpu_fused": (lpcjax_candidate("mosaic_gpu_fused"), "gpu"),  # version 2, the backward in one kernel
     "mosaic_gpu_hw": (lpcjax_candidate("mosaic_gpu_hw"), "gpu"),  # that's hardware-only path
-    "mosaic_gpu_hw_no_turns": (without_turns("mosaic_gpu_hw"), "gpu"),
+    "mosaic_gpu_hw_no_turns": (without("mosaic_gpu_hw", "taking_turns", "turns"), "gpu"),
+    "mosaic_gpu_hw_no_early_release": (without("mosaic_gpu_hw", "early_key_release", "early_release"), "gpu"),
     "xla": (lpcjax_candidate("xla"), None),
     "xla_pruned": (lpcjax_candidate("xla", DEFAULT_EPSILON), None),
     "auto": (lpcjax_candidate("auto"), None),

@@ -48,7 +48,7 @@ deadline=${BUDGET:-$budget}  # seconds since the script began (bash SECONDS), se
 rows="--batch-tokens $tokens --model-dim $model_dim --iters $iters"
 # the floors right after the backends "auto" may pick, so that a step's cap cuts the comparisons last
 lpcjax_impls="pallas triton mosaic_gpu cudnn_nobias pallas_mha_nobias mosaic_gpu_hw mosaic_gpu_fused mosaic_gpu_v1
-  xla auto mosaic_gpu_hw_no_turns"
+  xla auto mosaic_gpu_hw_no_turns mosaic_gpu_hw_no_early_release"
 
 pack() {  # the results so far, whole, into $OUT (a timeout keeps every finished step)
   [ -n "${OUT:-}" ] || return 0

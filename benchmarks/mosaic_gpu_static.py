@@ -20,6 +20,14 @@ through it, so each path is its own build):
   elements over the warpgroup's 128 threads: 32 for a 64 x 64 tile, 64 for the forward's 64 x 128
   with wide key tiles).
 
+Beside each kernel, the issue's cost model (``model``): per 64 x 64 of scores, its issue clocks
+(one SASS instruction of a warpgroup's loop is four warp instructions: one clock of the SM's four
+schedulers), its tensor clocks (a unit is 256: 2048 bf16 FMA a clock per SM) and the larger of
+the two, the tile's time in the model; and per path and case (``model_steps``) a forward's and a
+training step's clocks (the forward under a gradient and the backward's kernels), against
+version 1's. The model sees no latency, no stall, no wait between warpgroups and no memory
+traffic: an estimate from counts, not a time.
+
 Version 2's paths (and its hardware path's): "edge" is every tile as version 1 builds it (the
 masks), "interior" the build where every tile takes the unmasked arm (``_logits2`` replaced by
 its unmasked half), which is what an interior tile runs, less its corner test (four
@@ -46,6 +54,11 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 CLASSES = ("mufu", "fp32", "integer_other", "convert", "load_store", "sync", "control")
 FEATURES = dict(kv_heads=2, window=512, segments=True, prune=True)
 THREADS = 128  # one warpgroup: the SASS counts are per thread
+TENSOR_CLOCKS_PER_UNIT = 256  # a 64 x 64 x 128 matmul at the issue's 2048 bf16 FMA a clock per SM
+TILE = 64 * 64  # the model's figures are per 64 x 64 of scores
+# a training step's kernels: the forward under a gradient (two_part where a version has one), then
+# the backward's; a forward alone is "fwd"
+BACKWARD = ("row_term", "dq", "dkv", "dkv_dq")
 
 
 def tile_elements(kernel, units, head_dim):
@@ -70,9 +83,9 @@ def kernel_names(row):
   return [label.get(id(kernel), "attention_mgpu fwd") for kernel in kernels]
 
 
-def measured(row, path, head_dim):
-  """A list of {case, path, kernel, registers, spills, smem, units, per element by class} of one
-  compile row."""
+def measured(row, path, head_dim, setting):
+  """A list of {case, path, kernel, registers, spills, smem, units, per element by class, model}
+  of one compile row."""
   out = []
   if not row.get("compiled"):
     return [{"case": row["case"], "path": path, "error": row.get("error")}]
@@ -82,7 +95,8 @@ def measured(row, path, head_dim):
       continue
     seen.add(name)
     loops = kernel.get("loops") or []
-    entry = {"case": row["case"], "path": path, "kernel": name, "registers": kernel.get("registers"),
+    entry = {"case": row["case"], "path": path, "head_dim": head_dim, "setting": setting, "kernel": name,
+             "registers": kernel.get("registers"),
              "spill_store_bytes": kernel.get("spill_store_bytes"), "spill_load_bytes": kernel.get("spill_load_bytes"),
              "smem_kib": round((kernel.get("smem_bytes") or 0) / 1024, 1)}
     # the tile loop: the one with the whole tile's matmuls (were there two, both are kept)
@@ -95,8 +109,49 @@ def measured(row, path, head_dim):
                    per_element={name: round(loop.get(name, 0) / per_thread, 2) for name in CLASSES},
                    non_tensor_per_element=round((loop["total"] - loop.get("tensor", 0)) / per_thread, 2),
                    lighter_copy_instructions=whole[0]["total"] if len(whole) > 1 else None)
+      entry["model"] = model(entry, head_dim)
     out.append(entry)
   return out
+
+
+def role(kernel):
+  """A kernel's part in a step, from its name: "fwd", "fwd_two_part", or a backward's ("row_term",
+  "dq", "dkv", "dkv_dq"); the hardware path's "_hw" and the names' prefixes left off."""
+  name = kernel.replace("attention_mgpu ", "").replace("forgetting_attention_mgpu_", "")
+  return name[:-len("_hw")] if name.endswith("_hw") else name
+
+
+def model(entry, head_dim):
+  """The issue's cost model for one kernel's tile loop, per 64 x 64 of scores: issue and tensor
+  clocks, and the larger, the tile's time in the model (it overlaps the two perfectly)."""
+  per_tile = tile_elements(entry["kernel"], entry["units"], head_dim) / TILE
+  issue, tensor = entry["instructions"] / per_tile, entry["units"] * TENSOR_CLOCKS_PER_UNIT / per_tile
+  return {"issue_clocks": round(issue, 1), "tensor_clocks": round(tensor, 1), "clocks": round(max(issue, tensor), 1),
+          "bound": "tensor" if tensor >= issue else "issue"}
+
+
+def model_steps(entries):
+  """Per (head dim, setting, path): the model's clocks per 64 x 64 of scores of a forward alone and
+  of a training step (the forward a gradient runs, two-part where there is one, plus the backward's
+  kernels), and each against version 1's in the same setting (attention_mgpu against version 1's
+  plain case: it has no gate and no causal mask, and its delta, an XLA pass, is not counted)."""
+  groups = {}
+  for entry in entries:
+    if "model" in entry:
+      key = (entry["head_dim"], entry["setting"], entry["path"])
+      groups.setdefault(key, {})[role(entry["kernel"])] = entry["model"]["clocks"]
+  steps = []
+  for (head_dim, setting, path), clocks in groups.items():
+    training = [clocks.get("fwd_two_part", clocks.get("fwd"))] + [clocks[name] for name in BACKWARD if name in clocks]
+    steps.append({"head_dim": head_dim, "setting": setting, "path": path, "forward_clocks": clocks.get("fwd"),
+                  "training_step_clocks": round(sum(training), 1)})
+  for step in steps:
+    version_1 = [other for other in steps if other["path"] == "v1" and other["head_dim"] == step["head_dim"]
+                 and other["setting"] == ("plain" if step["path"] == "floor" else step["setting"])]
+    if version_1:
+      step["forward_vs_v1"] = round(step["forward_clocks"] / version_1[0]["forward_clocks"], 3)
+      step["training_step_vs_v1"] = round(step["training_step_clocks"] / version_1[0]["training_step_clocks"], 3)
+  return steps
 
 
 def interior_build():
@@ -116,18 +171,19 @@ def main():
   args = parser.parse_args()
   entries = []
   for head_dim in args.head_dims:
-    for extra in ({}, FEATURES):
+    for setting, extra in (("plain", {}), ("every feature", FEATURES)):
       fields = dict(dtype="bfloat16", head_dim=head_dim, seq_len=4096, heads=4, **extra)
-      entries += measured(run_attention("h100", dict(impl="mosaic_gpu_v1", **fields)), "v1", head_dim)
+      entries += measured(run_attention("h100", dict(impl="mosaic_gpu_v1", **fields)), "v1", head_dim, setting)
       for impl, path in (("mosaic_gpu", "v2"), ("mosaic_gpu_fused", "v2 fused"), ("mosaic_gpu_hw", "v2 hw")):
-        entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} edge", head_dim)
+        entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} edge", head_dim, setting)
         restore = interior_build()
         try:
-          entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} interior", head_dim)
+          entries += measured(run_attention("h100", dict(impl=impl, **fields)), f"{path} interior", head_dim,
+                              setting)
         finally:
           restore()
     entries += measured(run_attention_mgpu("h100", dict(impl="attention_mgpu", dtype="float16", head_dim=head_dim,
-                                                        seq_len=4096, heads=4)), "floor", head_dim)
+                                                        seq_len=4096, heads=4)), "floor", head_dim, "no gate")
   print(f"{'case':62} {'path':16} {'kernel':38} {'regs':>4} {'spill':>9} {'smem':>6} {'units':>5} "
         f"{'non-tensor/elem':>15} " + " ".join(f"{name[:6]:>6}" for name in CLASSES))
   for entry in entries:
@@ -139,10 +195,19 @@ def main():
           f"{entry['spill_store_bytes']}/{entry['spill_load_bytes']:<4} {entry['smem_kib']:>6} "
           f"{entry.get('units', ''):>5} {entry.get('non_tensor_per_element', ''):>15} "
           + " ".join(f"{per.get(name, ''):>6}" for name in CLASSES))
+  steps = model_steps(entries)
+  print(f"\nthe cost model, clocks per 64 x 64 of scores (an estimate from counts, not a time)\n"
+        f"{'D':>4} {'setting':14} {'path':18} {'forward':>8} {'vs v1':>6} {'training step':>14} {'vs v1':>6}")
+  for step in steps:
+    print(f"{step['head_dim']:>4} {step['setting']:14} {step['path']:18} {step['forward_clocks'] or '':>8} "
+          f"{step.get('forward_vs_v1', ''):>6} {step['training_step_clocks']:>14} "
+          f"{step.get('training_step_vs_v1', ''):>6}")
   import jax
   write_json_atomic(args.out, {"date": datetime.date.today().isoformat(), "machine": platform.node(),
                                "jax": jax.__version__, "python": platform.python_version(),
-                               "note": "compiler counts for sm_90a (ptxas, nvdisasm), not speeds", "rows": entries})
+                               "note": "compiler counts for sm_90a (ptxas, nvdisasm), not speeds; model: the issue's "
+                                       "cost model from those counts, per 64 x 64 of scores, an estimate",
+                               "rows": entries, "model_steps": steps})
   print(f"wrote {args.out}")
 
 

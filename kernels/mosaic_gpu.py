@@ -175,6 +175,13 @@ class Version:
     9 % (interior ones) more instructions in the forward's loop (the turns' waits and their
     barriers' phases), which a compiler count cannot weigh against the overlap it buys;
     gpu_check.sh times it against the same path without (docs/kernels_mosaic_gpu.md).
+  * ``early_key_release``: the forward's warpgroups hand K's pipeline stage back as soon as S is
+    in their registers (``_release``, on the stage's own consumed barrier), V's and the keys'
+    vectors' after P V, so the copying warpgroup refills K with the block two steps on while
+    P V and the next step run, instead of after the whole step (FlashAttention-3's separate K
+    and V releases). The interpreter runs it (tested with its race detector); it costs four
+    more barrier arrivals a step, 4 to 14 instructions a trip of the loop, and what it buys, the
+    K copy's latency hidden further, only a GPU can time (``mosaic_gpu_hw_no_early_release``).
   """
 
   name: str
@@ -189,12 +196,13 @@ class Version:
   folded_decay: bool = False
   wide_forward_keys: bool = False
   taking_turns: bool = False
+  early_key_release: bool = False
 
 
 V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False,
              two_part_output=False, in_place_accumulators=False)  # to compare
 V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True, two_part_output=True,
-             in_place_accumulators=True, folded_decay=True, wide_forward_keys=True)
+             in_place_accumulators=True, folded_decay=True, wide_forward_keys=True, early_key_release=True)
 # by name, until a GPU checks it
 # its backward tests each tile for pruning (``_fused_sweep_call``): no bounds to build
 V2_FUSED = dataclasses.replace(V2, name="mosaic_gpu_fused", fused_backward=True, pruned_bounds=False)
@@ -367,6 +375,13 @@ class _Turns:
 
   def hand_over(self):
     plgpu.barrier_arrive(self.barriers.at[1 - self.wg])
+
+
+def _release(barrier):
+  """Tells the pipeline's copying warpgroup that this warpgroup is done with a stage's tile
+  (``barrier``: its consumed barrier, ``Version.early_key_release``); nothing without one."""
+  if barrier is not None:
+    plgpu.barrier_arrive(barrier)
 
 
 def _issued_in_turn(turn, issue):
@@ -706,7 +721,9 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
       for w in range(COMPUTE_WGS):
         pl.when(wg == w)(functools.partial(write_out, w))
 
-    def step(index, k_s, v_s, k_hi, k_second, k_seg, carry):
+    def step(index, k_s, v_s, k_hi, k_second, k_seg, *released_and_carry):
+      *released, carry = released_and_carry  # the stages' consumed barriers with early_key_release
+      k_done, *rest_done = released or (None,)
       row0, k0 = cta_first + wg * bq, (index[0] + first) * bk
       queries = _Positions(row0, rows_s.at[wg, 0], rows_s.at[wg, 1], rows_s.at[wg, 2], axis=0)
       keys = _Positions(k0, k_hi, k_second, k_seg, axis=1)
@@ -714,6 +731,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
       def tile_update(carry):
         acc, m, l = carry
         scores = _matmul(q_s.at[wg], k_s.T, (bq, bk), turn)
+        _release(k_done)  # S is in registers: K's stage may be refilled while P V runs
         if not version.folded_decay:
           s = _logits2(scores, queries, keys, scale2, window, version.unmasked_interior)
           m_new = jnp.maximum(m, s.max(axis=1))
@@ -731,6 +749,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
         return _rescaled_products(acc, alpha, parts, version, turn), m_new, l * alpha + p.sum(axis=1)
 
       def skip(carry):  # a skipped tile takes its two turns all the same
+        _release(k_done)
         for _ in range(2 if turn is not None else 0):
           _issued_in_turn(turn, lambda: None)
         return carry
@@ -744,7 +763,10 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
         seen &= jnp.logical_not(_prunable(queries, keys, rows_s.at[wg, 3][0]))
         if bk > ANCHOR_BLOCK:  # the tile's pruned 64-key blocks, a prefix, masked
           keys.first_kept = _pruned_prefix(queries, keys, rows_s.at[wg, 3][0])
-      return lax.cond(seen, tile_update, skip, carry)
+      carry = lax.cond(seen, tile_update, skip, carry)
+      for barrier in rest_done:  # V's stage and the keys' vectors, once P V is done
+        _release(barrier)
+      return carry
 
     # the copying warpgroup keeps 32 registers, each compute warpgroup gets 240: with 40 (232) the
     # two-part forward with 128 keys a tile spilled 8 B at D = 64 (a window's bounds, reloaded
@@ -752,6 +774,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
     plgpu.emit_pipeline_warp_specialized(
         step, grid=(end - first,), memory_registers=32, wg_axis="wg", num_compute_wgs=COMPUTE_WGS,
         max_concurrent_steps=STAGES, compute_context=compute_context, in_specs=_key_specs(first, bk, head_dim, tile),
+        manual_consumed_barriers=version.early_key_release,
     )(_head(k_ref, bh, heads, group), _head(v_ref, bh, heads, group), hi_ref.at[bh], key_second_ref.at[bh],
       seg_ref.at[bh])
 

@@ -23,6 +23,28 @@ def benchmark_module(monkeypatch, name):
   return module
 
 
+def test_the_static_measures_cost_model_takes_the_larger_of_issue_and_tensor_clocks(monkeypatch):
+  """benchmarks/mosaic_gpu_static.py's model, on version 1's and the hardware path's compiled
+  counts at D = 128 (docs/kernels_mosaic_gpu.md): version 1's four kernels are bound by issue,
+  822 + 715 + 834 + 1159 clocks; the hardware path's 128-key forward (two 64 x 64 a trip) and
+  one-kernel backward by their tensor clocks: 512 alone, 768 + 1280 in a training step."""
+  static = benchmark_module(monkeypatch, "mosaic_gpu_static")
+  kernel = lambda path, name, units, instructions: {"path": path, "head_dim": 128, "setting": "plain",
+                                                    "kernel": f"forgetting_attention_mgpu_{name}", "units": units,
+                                                    "instructions": instructions}
+  entries = [kernel("v1", "fwd", 2, 822), kernel("v1", "row_term", 2, 715), kernel("v1", "dq", 3, 834),
+             kernel("v1", "dkv", 4, 1159), kernel("v2 hw", "fwd_hw", 4, 596),
+             kernel("v2 hw", "fwd_two_part_hw", 6, 785), kernel("v2 hw", "dkv_dq_hw", 5, 1100)]
+  for entry in entries:
+    entry["model"] = static.model(entry, 128)
+  assert entries[4]["model"] == {"issue_clocks": 298.0, "tensor_clocks": 512.0, "clocks": 512.0, "bound": "tensor"}
+  assert entries[3]["model"]["bound"] == "issue" and entries[3]["model"]["clocks"] == 1159
+  version_1, hardware = static.model_steps(entries)
+  assert version_1["training_step_clocks"] == 3530 and version_1["forward_clocks"] == 822
+  assert hardware["training_step_clocks"] == 768 + 1280 and hardware["forward_clocks"] == 512
+  assert hardware["training_step_vs_v1"] == pytest.approx(2048 / 3530, abs=1e-3)
+
+
 @pytest.mark.parametrize("tau", [32.0, 2048.0])
 def test_timescale_gates_decay_by_one_over_e_in_tau_steps(monkeypatch, tau):
   inputs = benchmark_module(monkeypatch, "attention_inputs")

@@ -144,13 +144,13 @@ def model_steps(entries):
   for (head_dim, setting, path), clocks in groups.items():
     training = [clocks.get("fwd_two_part", clocks.get("fwd"))] + [clocks[name] for name in BACKWARD if name in clocks]
     steps.append({"head_dim": head_dim, "setting": setting, "path": path, "forward_clocks": clocks.get("fwd"),
-                  "training_step_clocks": round(sum(training), 1)})
+                  "training_step_clocks": None if None in training else round(sum(training), 1)})
   for step in steps:
     version_1 = [other for other in steps if other["path"] == "v1" and other["head_dim"] == step["head_dim"]
                  and other["setting"] == ("plain" if step["path"] == "floor" else step["setting"])]
-    if version_1:
-      step["forward_vs_v1"] = round(step["forward_clocks"] / version_1[0]["forward_clocks"], 3)
-      step["training_step_vs_v1"] = round(step["training_step_clocks"] / version_1[0]["training_step_clocks"], 3)
+    for name in ("forward", "training_step"):  # where both compiled (a failed kernel has no count)
+      if version_1 and step[f"{name}_clocks"] and version_1[0][f"{name}_clocks"]:
+        step[f"{name}_vs_v1"] = round(step[f"{name}_clocks"] / version_1[0][f"{name}_clocks"], 3)
   return steps
 
 

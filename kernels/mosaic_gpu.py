@@ -175,13 +175,17 @@ class Version:
     9 % (interior ones) more instructions in the forward's loop (the turns' waits and their
     barriers' phases), which a compiler count cannot weigh against the overlap it buys;
     gpu_check.sh times it against the same path without (docs/kernels_mosaic_gpu.md).
-  * ``early_key_release``: the forward's warpgroups hand K's pipeline stage back as soon as S is
-    in their registers (``_release``, on the stage's own consumed barrier), V's and the keys'
-    vectors' after P V, so the copying warpgroup refills K with the block two steps on while
-    P V and the next step run, instead of after the whole step (FlashAttention-3's separate K
-    and V releases). The interpreter runs it (tested with its race detector); it costs four
-    more barrier arrivals a step, 4 to 14 instructions a trip of the loop, and what it buys, the
-    K copy's latency hidden further, only a GPU can time (``mosaic_gpu_hw_no_early_release``).
+  * ``early_key_release``: the forward's stages are waited for and handed back by hand
+    (``_Stage``: a produced and a consumed barrier per input, where the pipeline otherwise keeps
+    one of each for all): K's and the keys' vectors' are waited for at the step's start and V's
+    only before P V, and K's goes back as soon as S is in the registers, the vectors' once P is,
+    V's after P V. So the copying warpgroup refills K with the block two steps on while P V runs,
+    and a step's S need not wait for its V to land (FlashAttention-3's separate K and V
+    pipelines). On the hardware path only, with its other constructs awaiting a GPU: three waits
+    and three arrivals a step instead of one each, 24 to 43 more instructions a trip of the
+    forward's loop, which the issue's cost model can only charge; gpu_check.sh times it against
+    the same path without (``mosaic_gpu_hw_no_early_release``). The interpreter runs it (tested
+    on the tested path with its race detector).
   """
 
   name: str
@@ -202,12 +206,12 @@ class Version:
 V1 = Version("mosaic_gpu_v1", unmasked_interior=False, heavy_first=False, pruned_bounds=False,
              two_part_output=False, in_place_accumulators=False)  # to compare
 V2 = Version("mosaic_gpu", unmasked_interior=True, heavy_first=True, pruned_bounds=True, two_part_output=True,
-             in_place_accumulators=True, folded_decay=True, wide_forward_keys=True, early_key_release=True)
+             in_place_accumulators=True, folded_decay=True, wide_forward_keys=True)
 # by name, until a GPU checks it
 # its backward tests each tile for pruning (``_fused_sweep_call``): no bounds to build
 V2_FUSED = dataclasses.replace(V2, name="mosaic_gpu_fused", fused_backward=True, pruned_bounds=False)
 V2_HARDWARE = dataclasses.replace(V2_FUSED, name="mosaic_gpu_hw", hardware_only=True, approx_math=True,
-                                  taking_turns=True)
+                                  taking_turns=True, early_key_release=True)
 VERSIONS = {version.name: version for version in (V1, V2, V2_FUSED, V2_HARDWARE)}
 
 
@@ -377,11 +381,23 @@ class _Turns:
     plgpu.barrier_arrive(self.barriers.at[1 - self.wg])
 
 
-def _release(barrier):
-  """Tells the pipeline's copying warpgroup that this warpgroup is done with a stage's tile
-  (``barrier``: its consumed barrier, ``Version.early_key_release``); nothing without one."""
-  if barrier is not None:
-    plgpu.barrier_arrive(barrier)
+class _Stage:
+  """One input's pipeline stage with its own barriers (``Version.early_key_release``): ``ready``
+  waits for its copy to land, ``release`` hands the tile back to the copying warpgroup. Both do
+  nothing where the pipeline keeps one barrier for all inputs (``barriers`` None) and waits and
+  releases around the whole step itself. Each step must wait for and release every stage once,
+  in every branch: the barriers' phases are counted per wait."""
+
+  def __init__(self, barriers=None):
+    self.produced, self.consumed = barriers or (None, None)
+
+  def ready(self):
+    if self.produced is not None:
+      plgpu.barrier_wait(self.produced)
+
+  def release(self):
+    if self.consumed is not None:
+      plgpu.barrier_arrive(self.consumed)
 
 
 def _issued_in_turn(turn, issue):
@@ -659,13 +675,14 @@ def forward_key_tile(version, head_dim):
   return WIDE_KEYS if wide else TILES.block_k
 
 
-def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, scale2, window, prune, interpret,
+def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_vectors, *, heads, group, scale2, window, prune, interpret,
                   version, bounds=None, two_part=False):
   """o [B, T, HQ, D] and base-2 lse [BH, T] from q [B, T, HQ, D], k, v [B, T, HQ/G, D] and the
   per-position vectors [BH, T] (BH = B * HQ); with ``two_part`` (``Version.two_part_output``) o, o_lo and
   lse, o + o_lo being the output of P's two parts (its rounding and the residual) times V. The key
-  tile is ``forward_key_tile``'s; ``key_second`` is the keys' second vector (``c_lo``'s, or with
-  ``folded_decay`` and wide keys, measured in blocks of the key tile's width)."""
+  tile is ``forward_key_tile``'s; ``key_vectors`` [BH, 3, T] the keys' c hi, second vector
+  (``c_lo``'s, or with ``folded_decay`` and wide keys, measured in blocks of the key tile's width)
+  and ids, one array so that a key block's three vectors are one copy and one pipeline stage."""
   del bounds  # the forward tests each tile: its warpgroups share one key sweep (docs/kernels_mosaic_gpu.md)
   bh_count, seq_len, head_dim = _sizes(q)
   bq, bk = WG_ROWS, forward_key_tile(version, head_dim)
@@ -673,7 +690,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
   turns = _forward_takes_turns(version, head_dim, two_part)
 
   def body(*refs):
-    q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, key_second_ref, o_ref, *refs = refs
+    q_ref, k_ref, v_ref, hi_ref, lo_ref, seg_ref, thr_ref, key_vectors_ref, o_ref, *refs = refs
     o_lo_ref, lse_ref, *refs = refs if two_part else (None, *refs)
     q_s, rows_s, lse_s, q_bar, *refs = refs
     turn_bars, *refs = refs if turns else (None, *refs)
@@ -721,17 +738,21 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
       for w in range(COMPUTE_WGS):
         pl.when(wg == w)(functools.partial(write_out, w))
 
-    def step(index, k_s, v_s, k_hi, k_second, k_seg, *released_and_carry):
-      *released, carry = released_and_carry  # the stages' consumed barriers with early_key_release
-      k_done, *rest_done = released or (None,)
+    def step(index, k_s, k_vectors, v_s, *barriers_and_carry):
+      # with early_key_release each input's produced barriers, then its consumed ones
+      *barriers, carry = barriers_and_carry
+      k_stage, vectors_stage, v_stage = (
+          [_Stage(pair) for pair in zip(barriers[:3], barriers[3:])] if barriers else [_Stage()] * 3)
+      k_stage.ready()  # V may land later: P V waits for it
+      vectors_stage.ready()
       row0, k0 = cta_first + wg * bq, (index[0] + first) * bk
       queries = _Positions(row0, rows_s.at[wg, 0], rows_s.at[wg, 1], rows_s.at[wg, 2], axis=0)
-      keys = _Positions(k0, k_hi, k_second, k_seg, axis=1)
+      keys = _Positions(k0, *(k_vectors.at[i] for i in range(3)), axis=1)
 
       def tile_update(carry):
         acc, m, l = carry
         scores = _matmul(q_s.at[wg], k_s.T, (bq, bk), turn)
-        _release(k_done)  # S is in registers: K's stage may be refilled while P V runs
+        k_stage.release()  # S is in registers: K's stage may be refilled while P V runs
         if not version.folded_decay:
           s = _logits2(scores, queries, keys, scale2, window, version.unmasked_interior)
           m_new = jnp.maximum(m, s.max(axis=1))
@@ -742,14 +763,18 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with no key seen yet stay at zero
         p = jnp.exp2(s - _across(m_safe - gap if version.folded_decay else m_safe, s.shape, 0))
         alpha = jnp.exp2(m - m_safe)
+        vectors_stage.release()  # the keys' vectors are read: P is computed
         values = [p]  # P: wgmma's A operand
         if two_part:  # and P's rounding residual, so that o + o_lo is P V to float32's precision
           values.append(p - p.astype(q.dtype).astype(jnp.float32))
         parts = [(a, v_s) for a in _a_operands(values, q.dtype, [ref.at[wg] for ref in p_tiles])]
+        v_stage.ready()
         return _rescaled_products(acc, alpha, parts, version, turn), m_new, l * alpha + p.sum(axis=1)
 
-      def skip(carry):  # a skipped tile takes its two turns all the same
-        _release(k_done)
+      def skip(carry):  # a skipped tile takes its two turns all the same, and its stages
+        k_stage.release()
+        vectors_stage.release()
+        v_stage.ready()
         for _ in range(2 if turn is not None else 0):
           _issued_in_turn(turn, lambda: None)
         return carry
@@ -764,8 +789,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
         if bk > ANCHOR_BLOCK:  # the tile's pruned 64-key blocks, a prefix, masked
           keys.first_kept = _pruned_prefix(queries, keys, rows_s.at[wg, 3][0])
       carry = lax.cond(seen, tile_update, skip, carry)
-      for barrier in rest_done:  # V's stage and the keys' vectors, once P V is done
-        _release(barrier)
+      v_stage.release()  # P V is done
       return carry
 
     # the copying warpgroup keeps 32 registers, each compute warpgroup gets 240: with 40 (232) the
@@ -773,10 +797,11 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
     # every step)
     plgpu.emit_pipeline_warp_specialized(
         step, grid=(end - first,), memory_registers=32, wg_axis="wg", num_compute_wgs=COMPUTE_WGS,
-        max_concurrent_steps=STAGES, compute_context=compute_context, in_specs=_key_specs(first, bk, head_dim, tile),
-        manual_consumed_barriers=version.early_key_release,
-    )(_head(k_ref, bh, heads, group), _head(v_ref, bh, heads, group), hi_ref.at[bh], key_second_ref.at[bh],
-      seg_ref.at[bh])
+        max_concurrent_steps=STAGES, compute_context=compute_context,
+        in_specs=[_from_block(first, (bk, head_dim), tile), plgpu.BlockSpec((3, bk), lambda j: (0, j + first)),
+                  _from_block(first, (bk, head_dim), tile)],
+        manual_produced_barriers=version.early_key_release, manual_consumed_barriers=version.early_key_release,
+    )(_head(k_ref, bh, heads, group), key_vectors_ref.at[bh], _head(v_ref, bh, heads, group))
 
   o = jax.ShapeDtypeStruct(q.shape, q.dtype)
   o_lo = (jax.ShapeDtypeStruct(q.shape, O_LO_DTYPE),) if two_part else ()
@@ -787,7 +812,7 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_second, *, heads, group, sc
       scratch_types=scratch, grid=(bh_count, seq_len // (COMPUTE_WGS * bq)), grid_names=("bh", "q"),
       num_threads=COMPUTE_WGS + 1, thread_name="wg", interpret=interpret,
       compiler_params=_compiler_params(version),
-  )(q, k, v, c_hi, c_lo, seg, thr, key_second)
+  )(q, k, v, c_hi, c_lo, seg, thr, key_vectors)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -1210,7 +1235,8 @@ def _forward(version, q, k, v, ops, static, two_part=False):
   key_second = operands[4]  # the rows' own (lo, or e in blocks of ANCHOR_BLOCK)
   if version.folded_decay and key_tile != ANCHOR_BLOCK:  # e in blocks of the key tile
     key_second = _flat(_in_block_decay2(ops.c_q, key_tile))
-  *outputs, lse2 = _forward_call(*operands, key_second, two_part=two_part, **options)
+  key_vectors = jnp.stack([operands[3], key_second, operands[5]], axis=1)  # hi, second, ids: [BH, 3, T]
+  *outputs, lse2 = _forward_call(*operands, key_vectors, two_part=two_part, **options)
   return (*outputs, lse2.reshape(shapes.batch, shapes.heads, -1))
 
 

@@ -795,11 +795,11 @@ def _forward_call(q, k, v, c_hi, c_lo, seg, thr, key_vectors, *, heads, group, s
     # the copying warpgroup keeps 32 registers, each compute warpgroup gets 240: with 40 (232) the
     # two-part forward with 128 keys a tile spilled 8 B at D = 64 (a window's bounds, reloaded
     # every step)
+    matrix = _from_block(first, (bk, head_dim), tile)  # K's and V's
     plgpu.emit_pipeline_warp_specialized(
         step, grid=(end - first,), memory_registers=32, wg_axis="wg", num_compute_wgs=COMPUTE_WGS,
         max_concurrent_steps=STAGES, compute_context=compute_context,
-        in_specs=[_from_block(first, (bk, head_dim), tile), plgpu.BlockSpec((3, bk), lambda j: (0, j + first)),
-                  _from_block(first, (bk, head_dim), tile)],
+        in_specs=[matrix, plgpu.BlockSpec((3, bk), lambda j: (0, j + first)), matrix],
         manual_produced_barriers=version.early_key_release, manual_consumed_barriers=version.early_key_release,
     )(_head(k_ref, bh, heads, group), key_vectors_ref.at[bh], _head(v_ref, bh, heads, group))
 

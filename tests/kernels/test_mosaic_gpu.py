@@ -88,28 +88,35 @@ def assert_case_matches_float64(name, impl):
   assert_close(results, float64(*inputs, segment_ids, window), dtype)
 
 
+@pytest.fixture
+def race_detector(monkeypatch):
+  """The interpreter with its race detector on, and its record cleared: the test asserts
+  ``not race_detector.get_races().races_found`` at its end."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as interpreter
+  monkeypatch.setattr(mosaic_gpu, "DETECT_RACES", True)
+  interpreter.reset_gpu_interpret_mode_state()
+  return interpreter
+
+
 @needs_interpreter
 @pytest.mark.parametrize("name", ["bf16-window48-segments", "fp16-D128-ragged"])
-def test_the_forwards_warpgroups_taking_turns_match_float64_without_a_race(monkeypatch, name):
+def test_the_forwards_warpgroups_taking_turns_match_float64_without_a_race(monkeypatch, race_detector, name):
   """``Version.taking_turns`` (the hardware path's schedule, which the interpreter cannot run)
   on the tested path: the token passes without a deadlock (a turn too few hangs the
   interpreter: tried), with the race detector on, and the numbers are version 2's. The window
   case has tiles one warpgroup skips while the other computes them; D = 128 runs 64-key tiles."""
-  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as interpreter
   handed_over = []
   hand_over = mosaic_gpu._Turns.hand_over
   monkeypatch.setattr(mosaic_gpu, "_forward_takes_turns", lambda version, head_dim, two_part: True)
   monkeypatch.setattr(mosaic_gpu._Turns, "hand_over", lambda turn: (handed_over.append(1), hand_over(turn))[1])
-  monkeypatch.setattr(mosaic_gpu, "DETECT_RACES", True)
-  interpreter.reset_gpu_interpret_mode_state()
   assert_case_matches_float64(name, "mosaic_gpu")
   assert handed_over  # the forward was built taking turns
-  assert not interpreter.get_races().races_found
+  assert not race_detector.get_races().races_found
 
 
 @needs_interpreter
 @pytest.mark.parametrize("seq_len, head_dim, dtype", [(512, 64, "bfloat16"), (320, 128, "float16")])
-def test_the_forward_releases_k_early_without_a_race(monkeypatch, seq_len, head_dim, dtype):
+def test_the_forward_releases_k_early_without_a_race(monkeypatch, race_detector, seq_len, head_dim, dtype):
   """``Version.early_key_release`` (the hardware path's, which the interpreter cannot run) on
   the tested path: K's stage and the keys' vectors' wait for their copies and go back to the
   copying warpgroup apart from V's, K's as soon as S is in the registers, so that the key block
@@ -118,7 +125,6 @@ def test_the_forward_releases_k_early_without_a_race(monkeypatch, seq_len, head_
   the race detector (TMA and plain SMEM traffic; it does not see wgmma's reads, docs) finds
   nothing. Releasing K before S is computed fails both on the numbers (tried: o off by 4 % and
   25 %; the interpreter's copy lands when it is issued)."""
-  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as interpreter
   from lpcjax.kernels import backends
   for table in ("_BACKENDS", "_SOURCES"):  # the variant is registered for this test only
     monkeypatch.setattr(backends, table, dict(getattr(backends, table)))
@@ -128,14 +134,12 @@ def test_the_forward_releases_k_early_without_a_race(monkeypatch, seq_len, head_
   release = mosaic_gpu._Stage.release
   monkeypatch.setattr(mosaic_gpu._Stage, "release", lambda stage: (released.append(stage.consumed is not None),
                                                                    release(stage))[1])
-  monkeypatch.setattr(mosaic_gpu, "DETECT_RACES", True)
-  interpreter.reset_gpu_interpret_mode_state()
   blocks = seq_len // mosaic_gpu.forward_key_tile(version, head_dim)
   assert blocks > mosaic_gpu.STAGES
   inputs = case(seq_len, 2, 1, head_dim, dtype)
   assert_close(run(*inputs, dtype, version.name), float64(*inputs, None, None), dtype)
   assert released and all(released)  # built with the stages' barriers, each released by hand
-  assert not interpreter.get_races().races_found
+  assert not race_detector.get_races().races_found
 
 
 @needs_interpreter
@@ -191,16 +195,13 @@ def test_o_lo_is_bf16_for_fp16_inputs_where_o_is_small():
 
 @needs_interpreter
 @pytest.mark.parametrize("impl", ["mosaic_gpu", "mosaic_gpu_fused"])
-def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(monkeypatch, impl):
+def test_a_hard_cut_and_strong_gates_with_the_race_detector_on(race_detector, impl):
   """The race detector on (for the one-kernel backward: its warpgroups' P^T and dS^T tiles,
   rewritten each step, on two barriers)."""
-  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as interpreter
   q, k, v, log_f, do = case(128, 1, 1, 64, "bfloat16", seed=1, gates=(0.02, 0.4))
   log_f[:, 70] = -np.inf  # a hard cut: nothing before position 70 is seen after it
-  monkeypatch.setattr(mosaic_gpu, "DETECT_RACES", True)
-  interpreter.reset_gpu_interpret_mode_state()
   results = run(q, k, v, log_f, do, "bfloat16", impl)
-  assert not interpreter.get_races().races_found
+  assert not race_detector.get_races().races_found
   segment_ids = (np.arange(128) >= 70).astype(np.int32)[None]
   truth = float64(q, k, v, np.where(np.isinf(log_f), 0.0, log_f), do, segment_ids)
   assert_close(results[:4], truth[:4], "bfloat16")  # d log f at the cut itself is not defined
